@@ -1,0 +1,132 @@
+// Collectives across all ranks of the job: allreduce, allgather, broadcast,
+// alltoall, reducescatter, barrier. Each has a blocking form and an _async
+// form returning a Handle. Every call checks, across ranks, that the tensors
+// agree (shape, dtype, op, root, name) and fails on every rank with one
+// message when they do not.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ronde {
+
+enum class ReduceOp { Sum, Average, Min, Max, Product };
+
+const char* to_string(ReduceOp op);
+
+struct AllreduceOptions {
+  // Average is what data-parallel gradients need; Horovod defaults alike.
+  TORCH_ARG(ReduceOp, op) = ReduceOp::Average;
+  // Multiplies the input before the reduction (e.g. to keep fp16 sums in
+  // range) and the result after it. 1: no scaling.
+  TORCH_ARG(double, prescale_factor) = 1.0;
+  TORCH_ARG(double, postscale_factor) = 1.0;
+  // Names the tensor in errors and traces. Ranks must use the same name.
+  TORCH_ARG(std::string, name) = "";
+  // Exchange a small descriptor first to check that every rank passed a
+  // matching tensor. Turn off only for traffic already verified once (the
+  // optimizer's buckets do this after their first step).
+  TORCH_ARG(bool, verify) = true;
+};
+
+struct AlltoallOptions {
+  // splits[r]: rows (along dim 0) sent to rank r; must sum to size(0).
+  // Empty: size(0) split evenly, which must then divide by the world size.
+  TORCH_ARG(std::vector<int64_t>, splits) = {};
+  TORCH_ARG(std::string, name) = "";
+  TORCH_ARG(bool, verify) = true;
+};
+
+struct ReducescatterOptions {
+  TORCH_ARG(ReduceOp, op) = ReduceOp::Average;
+  TORCH_ARG(double, prescale_factor) = 1.0;
+  TORCH_ARG(double, postscale_factor) = 1.0;
+  TORCH_ARG(std::string, name) = "";
+  TORCH_ARG(bool, verify) = true;
+};
+
+struct CollectiveOptions {
+  TORCH_ARG(std::string, name) = "";
+  TORCH_ARG(bool, verify) = true;
+};
+
+namespace detail {
+struct HandleState;
+}
+
+// A collective in flight. Collectives run in submission order on one
+// communication thread; a Handle waits for one of them.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<detail::HandleState> state);
+
+  // True once the collective finished, successfully or not.
+  bool done() const;
+  // Waits for the collective (which the communicator's timeout bounds) and
+  // rethrows its error, if any.
+  void wait() const;
+  // Waits at most `timeout`: false if the collective is still running, true
+  // once it finished (rethrowing its error, if any).
+  bool wait(std::chrono::milliseconds timeout) const;
+  // Waits, then returns the collective's output tensor.
+  at::Tensor result() const;
+  // For alltoall: the rows received from each rank. Waits first.
+  std::vector<int64_t> received_splits() const;
+
+ private:
+  std::shared_ptr<detail::HandleState> state_;
+};
+
+// Returns a new tensor; the input is left untouched.
+Handle allreduce_async(const at::Tensor& tensor,
+                       const AllreduceOptions& options = {});
+at::Tensor allreduce(const at::Tensor& tensor,
+                     const AllreduceOptions& options = {});
+// Reduces in place: the tensor's storage receives the result.
+Handle allreduce_async_(const at::Tensor& tensor,
+                        const AllreduceOptions& options = {});
+void allreduce_(const at::Tensor& tensor, const AllreduceOptions& options = {});
+
+// Concatenates every rank's tensor along dim 0, in rank order. Dim 0 may
+// differ between ranks; the other dims must agree.
+Handle allgather_async(const at::Tensor& tensor,
+                       const CollectiveOptions& options = {});
+at::Tensor allgather(const at::Tensor& tensor,
+                     const CollectiveOptions& options = {});
+
+// Every rank receives root_rank's tensor. The out-of-place form returns it;
+// the in-place form overwrites `tensor` on non-root ranks.
+Handle broadcast_async(const at::Tensor& tensor, int root_rank,
+                       const CollectiveOptions& options = {});
+at::Tensor broadcast(const at::Tensor& tensor, int root_rank,
+                     const CollectiveOptions& options = {});
+Handle broadcast_async_(const at::Tensor& tensor, int root_rank,
+                        const CollectiveOptions& options = {});
+void broadcast_(const at::Tensor& tensor, int root_rank,
+                const CollectiveOptions& options = {});
+
+// Sends rows splits[r] to rank r and returns the rows received from every
+// rank, concatenated in rank order (see Handle::received_splits).
+Handle alltoall_async(const at::Tensor& tensor,
+                      const AlltoallOptions& options = {});
+at::Tensor alltoall(const at::Tensor& tensor,
+                    const AlltoallOptions& options = {});
+
+// Reduces across ranks, then gives rank r its part of dim 0: rows are split
+// as evenly as possible, the first size(0) % world_size ranks getting one
+// more.
+Handle reducescatter_async(const at::Tensor& tensor,
+                           const ReducescatterOptions& options = {});
+at::Tensor reducescatter(const at::Tensor& tensor,
+                         const ReducescatterOptions& options = {});
+
+Handle barrier_async();
+void barrier();
+
+}  // namespace ronde

@@ -1,0 +1,50 @@
+// Start-up and shutdown of a ronde job, and where this process sits in it.
+// init() reads the launcher's environment (ronderun, torchrun, Slurm, Open
+// MPI), meets the other ranks through a key-value store hosted by rank 0,
+// and connects the communicators.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <string>
+
+namespace ronde {
+
+struct InitOptions {
+  // Timeout of the rendezvous and of every blocking collective, in seconds.
+  // 0: take RONDE_TIMEOUT_SECONDS, else 30 s (long enough for a slow start,
+  // short enough that a dead peer is noticed within a coffee break).
+  TORCH_ARG(double, timeout_seconds) = 0;
+  // Address this rank's Gloo transport listens on and advertises. Empty:
+  // RONDE_HOSTNAME, else 127.0.0.1 for a job on loopback, else the host name.
+  TORCH_ARG(std::string, hostname) = "";
+  // Gloo all-reduce algorithm: "ring" (bandwidth-optimal, the default) or
+  // "bcube". Empty: RONDE_GLOO_ALGORITHM, else "ring".
+  TORCH_ARG(std::string, gloo_algorithm) = "";
+};
+
+// Joins the job. Calling it again while initialised does nothing. Throws
+// c10::Error for a bad environment and ronde::CommError when the other ranks
+// cannot be reached in time or belong to another job.
+void init(const InitOptions& options = {});
+// Leaves the job: waits for queued collectives, meets the other ranks at a
+// barrier when the communicator is healthy, then closes everything.
+void shutdown();
+bool is_initialized();
+
+int rank();
+int size();
+int local_rank();
+int local_size();
+int cross_rank();
+int cross_size();
+// The job id every rank checked at rendezvous.
+std::string job_id();
+// The timeout applied to blocking calls, in seconds.
+double timeout_seconds();
+
+// cuda:<local_rank mod device count> when LibTorch has CUDA devices, else CPU.
+c10::Device device();
+
+}  // namespace ronde

@@ -1,0 +1,116 @@
+// The communication thread and the Handle that waits on its jobs.
+#include "comm/comm_worker.h"
+
+#include "comm/communicator.h"
+
+#include <ronde/errors.h>
+
+#include <c10/util/Exception.h>
+
+namespace ronde {
+
+Handle::Handle(std::shared_ptr<detail::HandleState> state)
+    : state_(std::move(state)) {}
+
+bool Handle::done() const {
+  TORCH_CHECK(state_ != nullptr, "ronde: done() on an empty Handle");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done;
+}
+
+void Handle::wait() const {
+  TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Handle::wait(std::chrono::milliseconds timeout) const {
+  TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+    return false;
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+  return true;
+}
+
+at::Tensor Handle::result() const {
+  wait();
+  return state_->result;
+}
+
+std::vector<int64_t> Handle::received_splits() const {
+  wait();
+  return state_->splits;
+}
+
+namespace detail {
+
+void HandleState::finish(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    error = std::move(e);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+CommWorker::CommWorker(Communicator& comm) : comm_(comm) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CommWorker::~CommWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Handle CommWorker::submit(Job job) {
+  auto state = std::make_shared<HandleState>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
+    queue_.emplace_back(std::move(job), state);
+  }
+  cv_.notify_one();
+  return Handle(state);
+}
+
+void CommWorker::loop() {
+  for (;;) {
+    std::pair<Job, std::shared_ptr<HandleState>> item;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    auto& [job, state] = item;
+    if (broken_) {
+      state->finish(broken_);
+      continue;
+    }
+    try {
+      job(comm_, *state);
+      state->finish(nullptr);
+    } catch (const CommError& e) {
+      broken_ = std::make_exception_ptr(CommError(
+          CommError::Kind::Broken, e.operation(), e.tensor(), e.rank(),
+          e.suspect_ranks(), e.backend(),
+          std::string("unusable after an earlier failure: ") + e.what()));
+      state->finish(std::current_exception());
+    } catch (...) {
+      // The caller's mistake (a mismatch, a bad argument): every rank saw
+      // the same verdict, so the communicator stays usable.
+      state->finish(std::current_exception());
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace ronde

@@ -1,0 +1,60 @@
+// The communication thread: collectives run here one at a time, in the order
+// they were submitted, so every rank executes the same sequence. Callers get
+// a Handle to wait on. See docs/thread_model.md.
+#pragma once
+
+#include <ronde/collectives.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ronde::detail {
+
+class Communicator;
+
+struct HandleState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;              // guarded by mutex
+  std::exception_ptr error;       // guarded by mutex; set before done
+  at::Tensor result;              // written by the worker before done
+  std::vector<int64_t> splits;    // alltoall's received splits, likewise
+
+  void finish(std::exception_ptr e);
+};
+
+class CommWorker {
+ public:
+  explicit CommWorker(Communicator& comm);
+  // Runs what is queued, then stops the thread.
+  ~CommWorker();
+
+  // A job throws ronde::CommError for a peer or network failure (which
+  // breaks the communicator for good) and c10::Error for a caller's mistake.
+  using Job = std::function<void(Communicator&, HandleState&)>;
+  Handle submit(Job job);
+
+ private:
+  void loop();
+
+  Communicator& comm_;  // owned by the Runtime, outlives the worker
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  // Guarded by mutex_:
+  std::deque<std::pair<Job, std::shared_ptr<HandleState>>> queue_;
+  bool stopping_ = false;
+  // Written and read by the worker thread only: after a peer failure every
+  // later collective fails at once with the first error.
+  std::exception_ptr broken_;
+  std::thread thread_;
+};
+
+}  // namespace ronde::detail

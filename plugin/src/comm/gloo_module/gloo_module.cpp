@@ -1,0 +1,509 @@
+// ronde's Gloo backend module: every Gloo call ronde makes happens here, on raw
+// buffers. The module links the system Gloo and not LibTorch, and libronde
+// opens it with RTLD_DEEPBIND so its Gloo references never bind to the copy
+// of Gloo that LibTorch's wheel exports.
+#include "gloo_module_api.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define RONDE_GLOO_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+void write_error(char* err, size_t err_len, const std::string& msg) {
+  if (err == nullptr || err_len == 0) {
+    return;
+  }
+  size_t n = std::min(msg.size(), err_len - 1);
+  std::memcpy(err, msg.data(), n);
+  err[n] = '\0';
+}
+
+// Raised when a store callback fails; carries libronde's message through
+// Gloo's rendezvous code.
+struct StoreError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Adapts libronde's callbacks (a c10d::TCPStore behind them) to Gloo's store.
+class CallbackStore : public gloo::rendezvous::Store {
+ public:
+  CallbackStore(const RondeGlooStore& cb, std::chrono::milliseconds timeout)
+      : cb_(cb), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    char err[1024] = {0};
+    if (cb_.set(cb_.self, key.c_str(), data.data(), data.size(), err,
+                sizeof(err)) != 0) {
+      throw StoreError(err);
+    }
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    char err[1024] = {0};
+    char* data = nullptr;
+    size_t len = 0;
+    if (cb_.get(cb_.self, key.c_str(), &data, &len, err, sizeof(err)) != 0) {
+      throw StoreError(err);
+    }
+    std::vector<char> out(data, data + len);
+    std::free(data);
+    return out;
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, timeout_);
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<const char*> ptrs;
+    ptrs.reserve(keys.size());
+    for (const auto& k : keys) {
+      ptrs.push_back(k.c_str());
+    }
+    char err[1024] = {0};
+    if (cb_.wait(cb_.self, ptrs.data(), ptrs.size(), timeout.count(), err,
+                 sizeof(err)) != 0) {
+      throw StoreError(err);
+    }
+  }
+
+ private:
+  RondeGlooStore cb_;
+  std::chrono::milliseconds timeout_;
+};
+
+// IEEE half and bfloat16 are reduced in float and rounded back once per
+// element, as LibTorch's own CPU kernels do.
+float half_to_float(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      // Subnormal: renormalise.
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ffu;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {
+    // Inf stays inf; NaN stays a quiet NaN.
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) {
+    return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  }
+  if (abs < 0x38800000u) {
+    // Subnormal or zero in half: shift with round-to-nearest-even.
+    if (abs < 0x33000000u) {
+      return static_cast<uint16_t>(sign);
+    }
+    uint32_t e = abs >> 23;
+    uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;  // 113 - e + 13
+    uint32_t half_m = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half_m & 1u))) {
+      ++half_m;
+    }
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) {
+    ++h;
+  }
+  return static_cast<uint16_t>(sign | h);
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  }
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) { return a + b; }
+};
+struct Product {
+  template <typename T>
+  static T apply(T a, T b) { return a * b; }
+};
+// Min and max propagate NaN, as torch.minimum / torch.maximum do.
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+    }
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+    }
+    return a < b ? b : a;
+  }
+};
+
+// Integer sums wrap like LibTorch's (two's complement), without the
+// undefined behaviour of signed overflow.
+template <typename Op, typename T>
+T apply_int(T a, T b) {
+  if constexpr (std::is_same_v<Op, Sum> || std::is_same_v<Op, Product>) {
+    using U = std::make_unsigned_t<T>;
+    U r = std::is_same_v<Op, Sum> ? static_cast<U>(static_cast<U>(a) + static_cast<U>(b))
+                                  : static_cast<U>(static_cast<U>(a) * static_cast<U>(b));
+    return static_cast<T>(r);
+  } else {
+    return Op::apply(a, b);
+  }
+}
+
+// target_clones lets the hot loops use AVX2 where the CPU has it while the
+// module still runs on any x86-64.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define RONDE_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RONDE_VECTOR_CLONES
+#endif
+
+template <typename Op, typename T>
+RONDE_VECTOR_CLONES void reduce_plain(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_floating_point_v<T>) {
+      out[i] = Op::apply(x[i], y[i]);
+    } else {
+      out[i] = apply_int<Op>(x[i], y[i]);
+    }
+  }
+}
+
+template <typename Op, float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void reduce_16(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = Store(Op::apply(Load(x[i]), Load(y[i])));
+  }
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename Op>
+ReduceFn pick_for_op(int dtype) {
+  switch (dtype) {
+    case RONDE_GLOO_F32: return &reduce_plain<Op, float>;
+    case RONDE_GLOO_F64: return &reduce_plain<Op, double>;
+    case RONDE_GLOO_F16: return &reduce_16<Op, half_to_float, float_to_half>;
+    case RONDE_GLOO_BF16: return &reduce_16<Op, bf16_to_float, float_to_bf16>;
+    case RONDE_GLOO_I8: return &reduce_plain<Op, int8_t>;
+    case RONDE_GLOO_U8: return &reduce_plain<Op, uint8_t>;
+    case RONDE_GLOO_I16: return &reduce_plain<Op, int16_t>;
+    case RONDE_GLOO_I32: return &reduce_plain<Op, int32_t>;
+    case RONDE_GLOO_I64: return &reduce_plain<Op, int64_t>;
+    default: return nullptr;
+  }
+}
+
+ReduceFn pick_reduce(int dtype, int op) {
+  switch (op) {
+    case RONDE_GLOO_SUM: return pick_for_op<Sum>(dtype);
+    case RONDE_GLOO_MIN: return pick_for_op<Min>(dtype);
+    case RONDE_GLOO_MAX: return pick_for_op<Max>(dtype);
+    case RONDE_GLOO_PRODUCT: return pick_for_op<Product>(dtype);
+    default: return nullptr;
+  }
+}
+
+size_t element_size(int dtype) {
+  switch (dtype) {
+    case RONDE_GLOO_F32: case RONDE_GLOO_I32: return 4;
+    case RONDE_GLOO_F64: case RONDE_GLOO_I64: return 8;
+    case RONDE_GLOO_F16: case RONDE_GLOO_BF16: case RONDE_GLOO_I16: return 2;
+    case RONDE_GLOO_I8: case RONDE_GLOO_U8: return 1;
+    default: return 0;
+  }
+}
+
+// Runs one Gloo call and turns whatever it throws into a status code and a
+// message: nothing may unwind through the C interface.
+template <typename F>
+int guarded(const char* what, char* err, size_t err_len, F&& fn) {
+  try {
+    fn();
+    return RONDE_GLOO_OK;
+  } catch (const gloo::IoException& e) {
+    std::string msg = e.what();
+    bool timeout = msg.find("Timed out") != std::string::npos ||
+                   msg.find("timed out") != std::string::npos;
+    write_error(err, err_len, std::string(what) + ": " + msg);
+    return timeout ? RONDE_GLOO_TIMEOUT : RONDE_GLOO_IO_ERROR;
+  } catch (const StoreError& e) {
+    write_error(err, err_len, std::string(what) + ": " + e.what());
+    return RONDE_GLOO_IO_ERROR;
+  } catch (const gloo::InvalidOperationException& e) {
+    write_error(err, err_len, std::string(what) + ": " + e.what());
+    return RONDE_GLOO_INVALID;
+  } catch (const std::exception& e) {
+    write_error(err, err_len, std::string(what) + ": " + e.what());
+    return RONDE_GLOO_INTERNAL;
+  } catch (...) {
+    write_error(err, err_len, std::string(what) + ": unknown exception");
+    return RONDE_GLOO_INTERNAL;
+  }
+}
+
+}  // namespace
+
+struct RondeGlooComm {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  gloo::AllreduceOptions::Algorithm algorithm;
+  // Gloo matches messages by tag; one call runs at a time per communicator,
+  // so a counter keeps consecutive collectives apart.
+  uint32_t next_tag = 1;
+  uint32_t tag() { return next_tag++; }
+};
+
+RONDE_GLOO_EXPORT int ronde_gloo_abi_version(void) {
+  return RONDE_GLOO_ABI_VERSION;
+}
+
+RONDE_GLOO_EXPORT const char* ronde_gloo_library_path(void) {
+  static std::string path = [] {
+    Dl_info info{};
+    void (*fn)(const gloo::AllreduceOptions&) = &gloo::allreduce;
+    if (dladdr(reinterpret_cast<void*>(fn), &info) == 0 ||
+        info.dli_fname == nullptr) {
+      return std::string("<unknown>");
+    }
+    return std::string(info.dli_fname);
+  }();
+  return path.c_str();
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_connect(const RondeGlooStore* store, int rank,
+                                         int size, const char* hostname,
+                                         int64_t timeout_ms, int algorithm,
+                                         RondeGlooComm** out, char* err,
+                                         size_t err_len) {
+  if (store == nullptr || out == nullptr || rank < 0 || rank >= size) {
+    write_error(err, err_len, "ronde_gloo_connect: invalid arguments");
+    return RONDE_GLOO_INVALID;
+  }
+  auto comm = std::make_unique<RondeGlooComm>();
+  comm->algorithm = algorithm == RONDE_GLOO_BCUBE
+                        ? gloo::AllreduceOptions::Algorithm::BCUBE
+                        : gloo::AllreduceOptions::Algorithm::RING;
+  std::chrono::milliseconds timeout(timeout_ms);
+  int rc = guarded("gloo rendezvous", err, err_len, [&] {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostname != nullptr ? hostname : "127.0.0.1";
+    comm->device = gloo::transport::tcp::CreateDevice(attr);
+    comm->context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    comm->context->setTimeout(timeout);
+    CallbackStore cb_store(*store, timeout);
+    comm->context->connectFullMesh(cb_store, comm->device);
+  });
+  if (rc == RONDE_GLOO_OK) {
+    *out = comm.release();
+  }
+  return rc;
+}
+
+RONDE_GLOO_EXPORT void ronde_gloo_destroy(RondeGlooComm* comm) {
+  try {
+    delete comm;
+  } catch (...) {
+    // Closing sockets of a broken mesh may throw; nothing left to report to.
+  }
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_allreduce(RondeGlooComm* comm, void* buf,
+                                           size_t count, int dtype, int op,
+                                           char* err, size_t err_len) {
+  ReduceFn fn = pick_reduce(dtype, op);
+  size_t esize = element_size(dtype);
+  if (comm == nullptr || fn == nullptr || esize == 0) {
+    write_error(err, err_len, "allreduce: unsupported dtype or reduce op");
+    return RONDE_GLOO_INVALID;
+  }
+  if (count == 0 || comm->context->size == 1) {
+    return RONDE_GLOO_OK;
+  }
+  return guarded("allreduce", err, err_len, [&] {
+    gloo::AllreduceOptions opts(comm->context);
+    opts.setAlgorithm(comm->algorithm);
+    switch (esize) {
+      case 1: opts.setOutput(static_cast<uint8_t*>(buf), count); break;
+      case 2: opts.setOutput(static_cast<uint16_t*>(buf), count); break;
+      case 4: opts.setOutput(static_cast<uint32_t*>(buf), count); break;
+      default: opts.setOutput(static_cast<uint64_t*>(buf), count); break;
+    }
+    opts.setReduceFunction(fn);
+    opts.setTag(comm->tag());
+    gloo::allreduce(opts);
+  });
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_allgatherv(RondeGlooComm* comm, const void* in,
+                                            size_t in_bytes, void* out,
+                                            const size_t* counts, char* err,
+                                            size_t err_len) {
+  if (comm == nullptr || counts == nullptr) {
+    write_error(err, err_len, "allgatherv: invalid arguments");
+    return RONDE_GLOO_INVALID;
+  }
+  const int size = comm->context->size;
+  std::vector<size_t> elements(counts, counts + size);
+  size_t total = 0;
+  for (size_t c : elements) total += c;
+  if (elements[comm->context->rank] != in_bytes) {
+    write_error(err, err_len, "allgatherv: counts[rank] differs from input size");
+    return RONDE_GLOO_INVALID;
+  }
+  if (size == 1 || total == 0) {
+    if (in_bytes > 0 && in != out) std::memmove(out, in, in_bytes);
+    return RONDE_GLOO_OK;
+  }
+  return guarded("allgather", err, err_len, [&] {
+    gloo::AllgathervOptions opts(comm->context);
+    // Gloo takes a non-const input pointer but only reads it.
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), in_bytes);
+    opts.setOutput(static_cast<uint8_t*>(out), elements);
+    opts.setTag(comm->tag());
+    gloo::allgatherv(opts);
+  });
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_broadcast(RondeGlooComm* comm, void* buf,
+                                           size_t bytes, int root, char* err,
+                                           size_t err_len) {
+  if (comm == nullptr || root < 0 || root >= comm->context->size) {
+    write_error(err, err_len, "broadcast: invalid root");
+    return RONDE_GLOO_INVALID;
+  }
+  if (bytes == 0 || comm->context->size == 1) {
+    return RONDE_GLOO_OK;
+  }
+  return guarded("broadcast", err, err_len, [&] {
+    gloo::BroadcastOptions opts(comm->context);
+    opts.setOutput(static_cast<uint8_t*>(buf), bytes);
+    opts.setRoot(root);
+    opts.setTag(comm->tag());
+    gloo::broadcast(opts);
+  });
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_alltoallv(RondeGlooComm* comm, const void* in,
+                                           const int64_t* send_bytes, void* out,
+                                           const int64_t* recv_bytes, char* err,
+                                           size_t err_len) {
+  if (comm == nullptr || send_bytes == nullptr || recv_bytes == nullptr) {
+    write_error(err, err_len, "alltoallv: invalid arguments");
+    return RONDE_GLOO_INVALID;
+  }
+  const int size = comm->context->size;
+  std::vector<int64_t> send(send_bytes, send_bytes + size);
+  std::vector<int64_t> recv(recv_bytes, recv_bytes + size);
+  int64_t send_total = 0, recv_total = 0;
+  for (int r = 0; r < size; ++r) {
+    send_total += send[r];
+    recv_total += recv[r];
+  }
+  if (size == 1) {
+    if (send_total > 0) std::memmove(out, in, static_cast<size_t>(send_total));
+    return RONDE_GLOO_OK;
+  }
+  // Gloo cannot make an unbound buffer of zero bytes; a one-byte scratch keeps
+  // empty exchanges valid without touching user memory.
+  static thread_local uint8_t scratch[2];
+  void* in_ptr = send_total > 0 ? const_cast<void*>(in) : &scratch[0];
+  void* out_ptr = recv_total > 0 ? out : &scratch[1];
+  return guarded("alltoall", err, err_len, [&] {
+    gloo::AlltoallvOptions opts(comm->context);
+    opts.setInput(static_cast<uint8_t*>(in_ptr), send);
+    opts.setOutput(static_cast<uint8_t*>(out_ptr), recv);
+    opts.setTag(comm->tag());
+    gloo::alltoallv(opts);
+  });
+}
+
+RONDE_GLOO_EXPORT int ronde_gloo_barrier(RondeGlooComm* comm, char* err,
+                                         size_t err_len) {
+  if (comm == nullptr) {
+    write_error(err, err_len, "barrier: invalid arguments");
+    return RONDE_GLOO_INVALID;
+  }
+  if (comm->context->size == 1) {
+    return RONDE_GLOO_OK;
+  }
+  return guarded("barrier", err, err_len, [&] {
+    gloo::BarrierOptions opts(comm->context);
+    opts.setTag(comm->tag());
+    gloo::barrier(opts);
+  });
+}

@@ -1,0 +1,1153 @@
+// ronderun: starts N local ranks of a training command with the RONDE_*
+// rendezvous environment, tags their output by rank, and takes the whole job
+// down as soon as one rank fails so that no rank is left waiting forever.
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace ronde {
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kUsageExitCode = 2;
+constexpr int kFailureExitCode = 1;
+constexpr int kExecFailedExitCode = 127;
+constexpr double kDefaultKillGraceSeconds = 5.0;
+constexpr double kMaxKillGraceSeconds = 7.0 * 24 * 3600;
+constexpr double kSignalKillSeconds = 10.0;
+// How long output pipes may stay open once every rank has exited: only a
+// background process left behind by a rank keeps them open that long.
+constexpr double kDrainSeconds = 3.0;
+// Bounds the reads done when a rank exits, so a background process that
+// keeps writing cannot hold the supervisor in one place.
+constexpr int kMaxDrainReads = 64;
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr const char* kDefaultHost = "127.0.0.1";
+constexpr const char* kGraceEnv = "RONDE_KILL_GRACE_SECONDS";
+
+constexpr const char kUsage[] =
+    "usage: ronderun -np N [options] [--] CMD [ARGS...]\n"
+    "\n"
+    "Starts N ranks of CMD on this host with the RONDE_* environment set.\n"
+    "\n"
+    "options:\n"
+    "  -np N, -n N, --np N  number of ranks to start (required, >= 1)\n"
+    "  --timeout S          export RONDE_TIMEOUT_SECONDS=S (seconds, >= 1)\n"
+    "  --job-id ID          job id shared by all ranks (default: random)\n"
+    "  --port P             rendezvous port (default: a free local port)\n"
+    "  --host H             rendezvous address (default: 127.0.0.1)\n"
+    "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
+    "  --verbose            print the job id, port and command to stderr\n"
+    "  -h, --help           print this help and exit\n";
+
+// Signals that ronderun forwards to the ranks. A signal that was ignored
+// when ronderun started (nohup, `cmd &` in a script) stays ignored.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kNumForwardedSignals =
+    sizeof(kForwardedSignals) / sizeof(kForwardedSignals[0]);
+
+struct Options {
+  int num_ranks = 0;
+  std::optional<long> timeout_seconds;
+  std::string job_id;
+  int port = 0;
+  std::string host = kDefaultHost;
+  bool prefix = true;
+  bool verbose = false;
+  bool help = false;
+  std::vector<std::string> command;
+};
+
+// Accepts only plain decimal digits, so "-1", " 3" and "3x" are all refused
+// with the same message instead of being half-parsed by strtol.
+bool parse_int(const std::string& text, long min, long max, long& value) {
+  if (text.empty() || text.size() > 18) {
+    return false;
+  }
+  long result = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') {
+      return false;
+    }
+    result = result * 10 + (c - '0');
+  }
+  if (result < min || result > max) {
+    return false;
+  }
+  value = result;
+  return true;
+}
+
+// Returns an error message, or an empty string when the arguments are valid.
+std::string parse_args(int argc, char** argv, Options& options) {
+  bool have_np = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      options.help = true;
+      return "";
+    }
+    if (arg == "--no-prefix") {
+      options.prefix = false;
+      continue;
+    }
+    if (arg == "--verbose") {
+      options.verbose = true;
+      continue;
+    }
+    const bool takes_value = arg == "-np" || arg == "-n" || arg == "--np" ||
+        arg == "--timeout" || arg == "--job-id" || arg == "--port" ||
+        arg == "--host";
+    if (!takes_value) {
+      return "unknown option '" + arg + "'";
+    }
+    if (i + 1 >= argc) {
+      return "option '" + arg + "' needs a value";
+    }
+    const std::string value = argv[++i];
+    long number = 0;
+    if (arg == "-np" || arg == "-n" || arg == "--np") {
+      if (!parse_int(value, 1, 1000000, number)) {
+        return arg + " expects a positive number of ranks, got '" + value + "'";
+      }
+      options.num_ranks = static_cast<int>(number);
+      have_np = true;
+    } else if (arg == "--timeout") {
+      if (!parse_int(value, 1, 1000000000, number)) {
+        return "--timeout expects a positive whole number of seconds, got '" +
+            value + "'";
+      }
+      options.timeout_seconds = number;
+    } else if (arg == "--port") {
+      if (!parse_int(value, 1, 65535, number)) {
+        return "--port expects a port number in 1..65535, got '" + value + "'";
+      }
+      options.port = static_cast<int>(number);
+    } else if (arg == "--job-id") {
+      if (value.empty()) {
+        return "--job-id must not be empty";
+      }
+      options.job_id = value;
+    } else {
+      if (value.empty()) {
+        return "--host must not be empty";
+      }
+      options.host = value;
+    }
+  }
+  if (!have_np) {
+    return "missing -np N (the number of ranks)";
+  }
+  if (i >= argc) {
+    return "no command given";
+  }
+  options.command.assign(argv + i, argv + argc);
+  return "";
+}
+
+std::string signal_name(int signo) {
+  switch (signo) {
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    case SIGSYS:
+      return "SIGSYS";
+    default:
+      return std::to_string(signo);
+  }
+}
+
+// Quotes an argument for the --verbose command line only when needed, so the
+// printed line can be pasted back into a shell.
+std::string shell_quote(const std::string& arg) {
+  const bool plain = !arg.empty() &&
+      arg.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+          "-_./=:,+@%") == std::string::npos;
+  if (plain) {
+    return arg;
+  }
+  std::string quoted = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+bool set_fd_flags(int fd, bool nonblocking) {
+  const int fd_flags = fcntl(fd, F_GETFD);
+  if (fd_flags < 0 || fcntl(fd, F_SETFD, fd_flags | FD_CLOEXEC) < 0) {
+    return false;
+  }
+  if (nonblocking) {
+    const int fl_flags = fcntl(fd, F_GETFL);
+    if (fl_flags < 0 || fcntl(fd, F_SETFL, fl_flags | O_NONBLOCK) < 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) {
+    // Retrying close after EINTR may close a reused descriptor on Linux.
+    (void)close(fd);
+    fd = -1;
+  }
+}
+
+// Set by the signal handler, consumed by the poll loop. Only flags and a
+// wake-up byte cross from the handler, which keeps it async-signal-safe.
+volatile sig_atomic_t g_pending_signals[kNumForwardedSignals] = {};
+int g_wake_fd = -1;
+
+extern "C" void on_signal(int signo) {
+  const int saved_errno = errno;
+  for (int i = 0; i < kNumForwardedSignals; ++i) {
+    if (kForwardedSignals[i] == signo) {
+      g_pending_signals[i] = 1;
+    }
+  }
+  const char byte = 0;
+  // The pipe is non-blocking: when it is full a wake-up is pending anyway.
+  ssize_t ignored = write(g_wake_fd, &byte, 1);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+struct OutputStream {
+  int fd = -1; // read end of the rank's pipe; -1 once closed
+  int sink = -1; // ronderun's own stdout or stderr
+  std::string pending; // bytes after the last newline seen
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1; // also the process group id
+  bool running = false;
+  std::string prefix;
+  OutputStream out;
+  OutputStream err;
+};
+
+class Launcher {
+ public:
+  explicit Launcher(Options options) : options_(std::move(options)) {}
+
+  int run();
+
+ private:
+  bool ensure_std_fds_open();
+  bool install_signal_handlers();
+  bool pick_free_port();
+  void make_job_id();
+  double read_kill_grace();
+  void build_environments();
+  void start_ranks();
+  bool start_rank(Rank& rank);
+  [[noreturn]] void exec_rank(
+      Rank& rank,
+      int out_write,
+      int err_write,
+      const sigset_t& original_mask);
+  void supervise();
+  void handle_deadlines();
+  bool finished() const;
+  bool any_running() const;
+  int poll_timeout_ms() const;
+  void drain_wake_pipe();
+  void handle_pending_signals();
+  void reap_children();
+  void on_rank_exit(Rank& rank, int status);
+  bool read_stream(Rank& rank, OutputStream& stream);
+  void close_stream(Rank& rank, OutputStream& stream);
+  void emit_lines(const Rank& rank, int sink, const char* data, size_t size);
+  void stop_ranks(int signo, double seconds_until_kill);
+  void signal_live_groups(int signo);
+  void abort_job();
+  void write_all(int fd, const char* data, size_t size);
+  void message(const std::string& text);
+
+  Options options_;
+  std::vector<Rank> ranks_;
+  std::vector<std::vector<std::string>> rank_env_;
+  double kill_grace_seconds_ = kDefaultKillGraceSeconds;
+  int wake_read_fd_ = -1;
+  int dev_null_fd_ = -1;
+  pid_t parent_pid_ = -1;
+  struct sigaction original_actions_[kNumForwardedSignals] = {};
+  struct sigaction original_sigchld_ = {};
+  struct sigaction original_sigpipe_ = {};
+  bool sink_broken_[3] = {false, false, false};
+  bool stopping_ = false;
+  bool killed_ = false;
+  int interrupted_by_ = 0;
+  std::optional<int> first_failure_code_;
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> drain_deadline_;
+};
+
+Clock::duration seconds_to_duration(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(seconds));
+}
+
+void Launcher::write_all(int fd, const char* data, size_t size) {
+  if (fd < 0 || fd > 2 || sink_broken_[fd]) {
+    return;
+  }
+  while (size > 0) {
+    const ssize_t n = write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // Our stdout may share a non-blocking file description with the shell.
+      struct pollfd pfd = {fd, POLLOUT, 0};
+      if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+        sink_broken_[fd] = true;
+        return;
+      }
+      continue;
+    }
+    // A reader that went away (`| head`, closed terminal) must not stop the
+    // supervision of the ranks, so their output is dropped from now on.
+    sink_broken_[fd] = true;
+    return;
+  }
+}
+
+void Launcher::message(const std::string& text) {
+  const std::string line = "ronderun: " + text + "\n";
+  write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+// Closed standard descriptors would be reused for the pipes, and dup2 onto
+// the same number in the child would then clobber one stream with another.
+bool Launcher::ensure_std_fds_open() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) {
+      continue;
+    }
+    int opened = -1;
+    do {
+      opened = open("/dev/null", O_RDWR);
+    } while (opened < 0 && errno == EINTR);
+    if (opened != fd) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Launcher::install_signal_handlers() {
+  int fds[2];
+  if (pipe(fds) < 0) {
+    message(std::string("cannot create a pipe: ") + strerror(errno));
+    return false;
+  }
+  wake_read_fd_ = fds[0];
+  g_wake_fd = fds[1];
+  if (!set_fd_flags(fds[0], true) || !set_fd_flags(fds[1], true)) {
+    message(std::string("cannot configure a pipe: ") + strerror(errno));
+    return false;
+  }
+
+  struct sigaction action = {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int i = 0; i < kNumForwardedSignals; ++i) {
+    const int signo = kForwardedSignals[i];
+    if (sigaction(signo, nullptr, &original_actions_[i]) < 0) {
+      message(std::string("sigaction failed: ") + strerror(errno));
+      return false;
+    }
+    if (original_actions_[i].sa_handler == SIG_IGN) {
+      continue;
+    }
+    if (sigaction(signo, &action, nullptr) < 0) {
+      message(std::string("sigaction failed: ") + strerror(errno));
+      return false;
+    }
+  }
+
+  struct sigaction child_action = action;
+  child_action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  if (sigaction(SIGCHLD, &child_action, &original_sigchld_) < 0) {
+    message(std::string("sigaction failed: ") + strerror(errno));
+    return false;
+  }
+
+  // A write to a vanished reader must fail with EPIPE rather than kill the
+  // supervisor; the ranks get the original disposition back before exec.
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  if (sigaction(SIGPIPE, &ignore, &original_sigpipe_) < 0) {
+    message(std::string("sigaction failed: ") + strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+bool Launcher::pick_free_port() {
+  const int sock = socket(AF_INET, SOCK_STREAM, 0);
+  if (sock < 0) {
+    message(std::string("cannot pick a free port: socket: ") + strerror(errno));
+    return false;
+  }
+  struct sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  bool ok = bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (!ok) {
+    message(std::string("cannot pick a free port: ") + strerror(errno));
+  } else {
+    options_.port = ntohs(addr.sin_port);
+  }
+  (void)close(sock);
+  return ok && options_.port > 0;
+}
+
+void Launcher::make_job_id() {
+  unsigned char bytes[8] = {};
+  bool have_random = false;
+  int fd = -1;
+  do {
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd >= 0) {
+    size_t got = 0;
+    while (got < sizeof(bytes)) {
+      const ssize_t n = read(fd, bytes + got, sizeof(bytes) - got);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        break;
+      }
+    }
+    have_random = got == sizeof(bytes);
+    close_fd(fd);
+  }
+  if (!have_random) {
+    // Only needs to differ between concurrent jobs on this host.
+    unsigned long long mix = static_cast<unsigned long long>(
+        std::chrono::system_clock::now().time_since_epoch().count());
+    mix ^=
+        static_cast<unsigned long long>(Clock::now().time_since_epoch().count())
+        << 17;
+    for (unsigned char& byte : bytes) {
+      mix = mix * 6364136223846793005ULL + 1442695040888963407ULL;
+      byte = static_cast<unsigned char>(mix >> 56);
+    }
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string id = "ronde-" + std::to_string(getpid()) + "-";
+  for (unsigned char byte : bytes) {
+    id += kHex[byte >> 4];
+    id += kHex[byte & 0xf];
+  }
+  options_.job_id = id;
+}
+
+double Launcher::read_kill_grace() {
+  const char* text = getenv(kGraceEnv);
+  if (text == nullptr || *text == '\0') {
+    return kDefaultKillGraceSeconds;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double value = strtod(text, &end);
+  if (errno != 0 || end == text || *end != '\0' || !std::isfinite(value) ||
+      value < 0) {
+    message(
+        std::string("ignoring ") + kGraceEnv + "='" + text + "'; using " +
+        std::to_string(static_cast<int>(kDefaultKillGraceSeconds)) +
+        " seconds");
+    return kDefaultKillGraceSeconds;
+  }
+  return std::min(value, kMaxKillGraceSeconds);
+}
+
+void Launcher::build_environments() {
+  const char* const kOwnNames[] = {
+      "RONDE_RANK",
+      "RONDE_SIZE",
+      "RONDE_LOCAL_RANK",
+      "RONDE_LOCAL_SIZE",
+      "RONDE_CROSS_RANK",
+      "RONDE_CROSS_SIZE",
+      "RONDE_RENDEZVOUS_ADDR",
+      "RONDE_RENDEZVOUS_PORT",
+      "RONDE_JOB_ID",
+      "RONDE_TIMEOUT_SECONDS",
+  };
+  std::vector<std::string> base;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const std::string name = text.substr(0, text.find('='));
+    bool ours = false;
+    for (const char* own : kOwnNames) {
+      ours = ours || name == own;
+    }
+    // An inherited timeout is kept unless --timeout replaces it; the other
+    // variables always describe this job, never an enclosing one.
+    if (name == "RONDE_TIMEOUT_SECONDS" && !options_.timeout_seconds) {
+      ours = false;
+    }
+    if (!ours) {
+      base.push_back(text);
+    }
+  }
+  const std::string size = std::to_string(options_.num_ranks);
+  for (int r = 0; r < options_.num_ranks; ++r) {
+    std::vector<std::string> env = base;
+    const std::string rank = std::to_string(r);
+    env.push_back("RONDE_RANK=" + rank);
+    env.push_back("RONDE_SIZE=" + size);
+    env.push_back("RONDE_LOCAL_RANK=" + rank);
+    env.push_back("RONDE_LOCAL_SIZE=" + size);
+    env.push_back("RONDE_CROSS_RANK=0");
+    env.push_back("RONDE_CROSS_SIZE=1");
+    env.push_back("RONDE_RENDEZVOUS_ADDR=" + options_.host);
+    env.push_back("RONDE_RENDEZVOUS_PORT=" + std::to_string(options_.port));
+    env.push_back("RONDE_JOB_ID=" + options_.job_id);
+    if (options_.timeout_seconds) {
+      env.push_back(
+          "RONDE_TIMEOUT_SECONDS=" + std::to_string(*options_.timeout_seconds));
+    }
+    rank_env_.push_back(std::move(env));
+  }
+}
+
+int Launcher::run() {
+  parent_pid_ = getpid();
+  if (!ensure_std_fds_open()) {
+    return kFailureExitCode;
+  }
+  if (!install_signal_handlers()) {
+    return kFailureExitCode;
+  }
+  do {
+    dev_null_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  } while (dev_null_fd_ < 0 && errno == EINTR);
+  if (dev_null_fd_ < 0) {
+    message(std::string("cannot open /dev/null: ") + strerror(errno));
+    return kFailureExitCode;
+  }
+  if (options_.port == 0 && !pick_free_port()) {
+    return kFailureExitCode;
+  }
+  if (options_.job_id.empty()) {
+    make_job_id();
+  }
+  kill_grace_seconds_ = read_kill_grace();
+  build_environments();
+
+  if (options_.verbose) {
+    std::string command;
+    for (const std::string& arg : options_.command) {
+      command += (command.empty() ? "" : " ") + shell_quote(arg);
+    }
+    message(
+        "job id " + options_.job_id + ", rendezvous " + options_.host + ":" +
+        std::to_string(options_.port) + ", " +
+        std::to_string(options_.num_ranks) + " rank(s): " + command);
+  }
+
+  start_ranks();
+  supervise();
+
+  if (first_failure_code_) {
+    return *first_failure_code_;
+  }
+  if (interrupted_by_ != 0) {
+    return 128 + interrupted_by_;
+  }
+  return 0;
+}
+
+void Launcher::start_ranks() {
+  ranks_.resize(static_cast<size_t>(options_.num_ranks));
+  for (int r = 0; r < options_.num_ranks; ++r) {
+    Rank& rank = ranks_[static_cast<size_t>(r)];
+    rank.index = r;
+    rank.prefix = "[" + std::to_string(r) + "] ";
+    rank.out.sink = STDOUT_FILENO;
+    rank.err.sink = STDERR_FILENO;
+  }
+  for (Rank& rank : ranks_) {
+    bool interrupted = false;
+    for (int i = 0; i < kNumForwardedSignals; ++i) {
+      interrupted = interrupted || g_pending_signals[i] != 0;
+    }
+    // Starting more ranks would only give the poll loop more to stop.
+    if (interrupted) {
+      break;
+    }
+    if (!start_rank(rank)) {
+      first_failure_code_ = kFailureExitCode;
+      stop_ranks(SIGTERM, kill_grace_seconds_);
+      break;
+    }
+  }
+}
+
+bool Launcher::start_rank(Rank& rank) {
+  int out_pipe[2] = {-1, -1};
+  int err_pipe[2] = {-1, -1};
+  if (pipe(out_pipe) < 0) {
+    message(std::string("cannot create a pipe: ") + strerror(errno));
+    return false;
+  }
+  if (pipe(err_pipe) < 0) {
+    message(std::string("cannot create a pipe: ") + strerror(errno));
+    close_fd(out_pipe[0]);
+    close_fd(out_pipe[1]);
+    return false;
+  }
+  // Every pipe end is close-on-exec so that no rank inherits another rank's
+  // write end, which would keep that pipe from ever reaching EOF.
+  bool ok = set_fd_flags(out_pipe[0], true) &&
+      set_fd_flags(err_pipe[0], true) && set_fd_flags(out_pipe[1], false) &&
+      set_fd_flags(err_pipe[1], false);
+  if (!ok) {
+    message(std::string("cannot configure a pipe: ") + strerror(errno));
+  }
+
+  // Blocking the handled signals across fork keeps the child from running
+  // our handler (and swallowing a forwarded signal) before it execs.
+  sigset_t blocked;
+  sigset_t original_mask;
+  sigemptyset(&blocked);
+  for (int signo : kForwardedSignals) {
+    sigaddset(&blocked, signo);
+  }
+  sigaddset(&blocked, SIGCHLD);
+  pid_t pid = -1;
+  if (ok) {
+    if (sigprocmask(SIG_BLOCK, &blocked, &original_mask) < 0) {
+      message(std::string("sigprocmask failed: ") + strerror(errno));
+      ok = false;
+    }
+  }
+  if (ok) {
+    pid = fork();
+    if (pid == 0) {
+      close_fd(out_pipe[0]);
+      close_fd(err_pipe[0]);
+      exec_rank(rank, out_pipe[1], err_pipe[1], original_mask);
+    }
+    const int fork_errno = errno;
+    if (sigprocmask(SIG_SETMASK, &original_mask, nullptr) < 0) {
+      message(std::string("sigprocmask failed: ") + strerror(errno));
+    }
+    if (pid < 0) {
+      message(std::string("cannot fork: ") + strerror(fork_errno));
+      ok = false;
+    }
+  }
+  close_fd(out_pipe[1]);
+  close_fd(err_pipe[1]);
+  if (!ok) {
+    close_fd(out_pipe[0]);
+    close_fd(err_pipe[0]);
+    return false;
+  }
+  // Also done here so the group exists before we might signal it; EACCES
+  // means the child already exec'd, after its own setpgid.
+  if (setpgid(pid, pid) < 0 && errno != EACCES && errno != ESRCH) {
+    message(
+        "rank " + std::to_string(rank.index) +
+        ": setpgid failed: " + strerror(errno));
+  }
+  rank.pid = pid;
+  rank.running = true;
+  rank.out.fd = out_pipe[0];
+  rank.err.fd = err_pipe[0];
+  return true;
+}
+
+void Launcher::exec_rank(
+    Rank& rank,
+    int out_write,
+    int err_write,
+    const sigset_t& original_mask) {
+  // Its own group keeps a terminal Ctrl-C from reaching the rank twice, and
+  // lets one kill(-pgid) take down whatever the rank has spawned.
+  (void)setpgid(0, 0);
+  for (int i = 0; i < kNumForwardedSignals; ++i) {
+    (void)sigaction(kForwardedSignals[i], &original_actions_[i], nullptr);
+  }
+  (void)sigaction(SIGCHLD, &original_sigchld_, nullptr);
+  (void)sigaction(SIGPIPE, &original_sigpipe_, nullptr);
+  (void)sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+#ifdef __linux__
+  // If ronderun itself is SIGKILLed the ranks must not live on unsupervised.
+  (void)prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent_pid_) {
+    _exit(kFailureExitCode);
+  }
+#endif
+  // A rank in a background process group that read the terminal would be
+  // stopped by SIGTTIN, so the ranks get no stdin.
+  if (dup2(dev_null_fd_, STDIN_FILENO) < 0 ||
+      dup2(out_write, STDOUT_FILENO) < 0 ||
+      dup2(err_write, STDERR_FILENO) < 0) {
+    _exit(kExecFailedExitCode);
+  }
+  std::vector<char*> argv;
+  for (std::string& arg : options_.command) {
+    argv.push_back(&arg[0]);
+  }
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (std::string& entry : rank_env_[static_cast<size_t>(rank.index)]) {
+    envp.push_back(&entry[0]);
+  }
+  envp.push_back(nullptr);
+  // execvp searches PATH from environ, which is now the rank's environment.
+  environ = envp.data();
+  execvp(argv[0], argv.data());
+  const int exec_errno = errno;
+  const std::string text = "ronderun: cannot run '" + options_.command[0] +
+      "': " + strerror(exec_errno) + "\n";
+  const char* data = text.data();
+  size_t size = text.size();
+  while (size > 0) {
+    const ssize_t n = write(STDERR_FILENO, data, size);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      break;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  _exit(kExecFailedExitCode);
+}
+
+bool Launcher::any_running() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& rank) {
+    return rank.running;
+  });
+}
+
+bool Launcher::finished() const {
+  return std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& rank) {
+    return !rank.running && rank.out.fd < 0 && rank.err.fd < 0;
+  });
+}
+
+int Launcher::poll_timeout_ms() const {
+  std::optional<Clock::time_point> next;
+  for (const auto& deadline : {kill_deadline_, drain_deadline_}) {
+    if (deadline && (!next || *deadline < *next)) {
+      next = deadline;
+    }
+  }
+  if (!next) {
+    return -1;
+  }
+  const auto left = *next - Clock::now();
+  if (left <= Clock::duration::zero()) {
+    return 0;
+  }
+  // Rounded up so that we never wake just before the deadline and spin.
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<long long>(ms, 24LL * 3600 * 1000));
+}
+
+void Launcher::signal_live_groups(int signo) {
+  for (Rank& rank : ranks_) {
+    const bool live = rank.running || rank.out.fd >= 0 || rank.err.fd >= 0;
+    if (rank.pid <= 0 || !live) {
+      continue;
+    }
+    if (kill(-rank.pid, signo) < 0 && errno == ESRCH && rank.running) {
+      // The rank moved itself to another group; still reach the rank.
+      (void)kill(rank.pid, signo);
+    }
+  }
+}
+
+void Launcher::stop_ranks(int signo, double seconds_until_kill) {
+  stopping_ = true;
+  signal_live_groups(signo);
+  if (killed_) {
+    return;
+  }
+  const auto deadline = Clock::now() + seconds_to_duration(seconds_until_kill);
+  if (!kill_deadline_ || deadline < *kill_deadline_) {
+    kill_deadline_ = deadline;
+  }
+}
+
+void Launcher::handle_deadlines() {
+  const auto now = Clock::now();
+  if (kill_deadline_ && now >= *kill_deadline_) {
+    kill_deadline_.reset();
+    killed_ = true;
+    if (any_running()) {
+      message("ranks still running after the grace period; killing them");
+    }
+    signal_live_groups(SIGKILL);
+  }
+  if (!any_running() && !finished() && !drain_deadline_) {
+    drain_deadline_ = now + seconds_to_duration(kDrainSeconds);
+  }
+  if (drain_deadline_ && now >= *drain_deadline_) {
+    drain_deadline_.reset();
+    for (Rank& rank : ranks_) {
+      if (rank.out.fd < 0 && rank.err.fd < 0) {
+        continue;
+      }
+      message(
+          "rank " + std::to_string(rank.index) +
+          " exited but left processes that hold its output open; no longer "
+          "forwarding it");
+      // The job is being torn down anyway, so nothing may outlive it.
+      if (stopping_ && rank.pid > 0) {
+        (void)kill(-rank.pid, SIGKILL);
+      }
+      close_stream(rank, rank.out);
+      close_stream(rank, rank.err);
+    }
+  }
+}
+
+void Launcher::drain_wake_pipe() {
+  char buffer[256];
+  while (true) {
+    const ssize_t n = read(wake_read_fd_, buffer, sizeof(buffer));
+    if (n > 0) {
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    break;
+  }
+}
+
+void Launcher::handle_pending_signals() {
+  for (int i = 0; i < kNumForwardedSignals; ++i) {
+    if (g_pending_signals[i] == 0) {
+      continue;
+    }
+    g_pending_signals[i] = 0;
+    const int signo = kForwardedSignals[i];
+    if (interrupted_by_ == 0) {
+      interrupted_by_ = signo;
+    }
+    message("got " + signal_name(signo) + "; forwarding it to the ranks");
+    stop_ranks(signo, kSignalKillSeconds);
+  }
+}
+
+void Launcher::reap_children() {
+  while (true) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) {
+      continue;
+    }
+    if (pid <= 0) {
+      return;
+    }
+    for (Rank& rank : ranks_) {
+      if (rank.pid == pid && rank.running) {
+        on_rank_exit(rank, status);
+        break;
+      }
+    }
+  }
+}
+
+void Launcher::on_rank_exit(Rank& rank, int status) {
+  rank.running = false;
+  // Forward what the rank wrote before it died ahead of our verdict on it,
+  // so its last error message reads before "rank R exited".
+  for (OutputStream* stream : {&rank.out, &rank.err}) {
+    for (int i = 0; i < kMaxDrainReads && stream->fd >= 0; ++i) {
+      if (!read_stream(rank, *stream)) {
+        break;
+      }
+    }
+  }
+
+  int code = 0;
+  std::string how;
+  if (WIFEXITED(status)) {
+    code = WEXITSTATUS(status);
+    how = "exited with code " + std::to_string(code);
+  } else if (WIFSIGNALED(status)) {
+    code = 128 + WTERMSIG(status);
+    how = "was killed by signal " + signal_name(WTERMSIG(status));
+  } else {
+    code = kFailureExitCode;
+    how = "ended with wait status " + std::to_string(status);
+  }
+  const std::string who = "rank " + std::to_string(rank.index) + " ";
+  if (code == 0 || first_failure_code_) {
+    if (options_.verbose) {
+      message(who + how);
+    }
+    return;
+  }
+  first_failure_code_ = code;
+  // After a forwarded signal the ranks are already shutting down; a SIGTERM
+  // on top would cut short their handling of the user's signal.
+  if (stopping_) {
+    message(who + how);
+    return;
+  }
+  message(who + how + (any_running() ? "; stopping the other ranks" : ""));
+  // Also reaches processes this rank left behind holding its output open.
+  stop_ranks(SIGTERM, kill_grace_seconds_);
+}
+
+// Reads one chunk; returns true when data arrived and more may follow.
+bool Launcher::read_stream(Rank& rank, OutputStream& stream) {
+  char buffer[kReadChunk];
+  const ssize_t n = read(stream.fd, buffer, sizeof(buffer));
+  if (n < 0) {
+    if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) {
+      return errno == EINTR;
+    }
+    message(
+        "rank " + std::to_string(rank.index) +
+        ": reading output failed: " + strerror(errno));
+    close_stream(rank, stream);
+    return false;
+  }
+  if (n == 0) {
+    close_stream(rank, stream);
+    return false;
+  }
+  const size_t scanned = stream.pending.size();
+  stream.pending.append(buffer, static_cast<size_t>(n));
+  // Only the new bytes can hold a newline; rescanning a long pending line on
+  // every chunk would make very long lines quadratic.
+  size_t end = 0;
+  for (size_t i = stream.pending.size(); i > scanned; --i) {
+    if (stream.pending[i - 1] == '\n') {
+      end = i;
+      break;
+    }
+  }
+  if (end > 0) {
+    emit_lines(rank, stream.sink, stream.pending.data(), end);
+    stream.pending.erase(0, end);
+  }
+  return true;
+}
+
+void Launcher::close_stream(Rank& rank, OutputStream& stream) {
+  if (stream.fd < 0) {
+    return;
+  }
+  close_fd(stream.fd);
+  if (!stream.pending.empty()) {
+    stream.pending += '\n';
+    emit_lines(rank, stream.sink, stream.pending.data(), stream.pending.size());
+    stream.pending.clear();
+    stream.pending.shrink_to_fit();
+  }
+}
+
+// Writes complete lines only, each in the same write() as its prefix, so
+// lines of different ranks can never interleave.
+void Launcher::emit_lines(
+    const Rank& rank,
+    int sink,
+    const char* data,
+    size_t size) {
+  if (!options_.prefix) {
+    write_all(sink, data, size);
+    return;
+  }
+  std::string text;
+  text.reserve(size + rank.prefix.size() * 4);
+  size_t start = 0;
+  while (start < size) {
+    const void* found = memchr(data + start, '\n', size - start);
+    const size_t end = found == nullptr
+        ? size
+        : static_cast<size_t>(static_cast<const char*>(found) - data) + 1;
+    text += rank.prefix;
+    text.append(data + start, end - start);
+    start = end;
+  }
+  write_all(sink, text.data(), text.size());
+}
+
+// Used only when poll itself fails: nothing can be supervised any more, so
+// the job is killed outright and every child reaped before we exit.
+void Launcher::abort_job() {
+  message("giving up on the job; killing all ranks");
+  signal_live_groups(SIGKILL);
+  for (Rank& rank : ranks_) {
+    while (rank.running) {
+      int status = 0;
+      const pid_t pid = waitpid(rank.pid, &status, 0);
+      if (pid < 0 && errno == EINTR) {
+        continue;
+      }
+      rank.running = false;
+    }
+    close_fd(rank.out.fd);
+    close_fd(rank.err.fd);
+  }
+  if (!first_failure_code_) {
+    first_failure_code_ = kFailureExitCode;
+  }
+}
+
+void Launcher::supervise() {
+  std::vector<struct pollfd> fds;
+  std::vector<std::pair<Rank*, OutputStream*>> streams;
+  while (true) {
+    handle_deadlines();
+    if (finished()) {
+      return;
+    }
+    fds.clear();
+    streams.clear();
+    fds.push_back({wake_read_fd_, POLLIN, 0});
+    streams.emplace_back(nullptr, nullptr);
+    for (Rank& rank : ranks_) {
+      for (OutputStream* stream : {&rank.out, &rank.err}) {
+        if (stream->fd >= 0) {
+          fds.push_back({stream->fd, POLLIN, 0});
+          streams.emplace_back(&rank, stream);
+        }
+      }
+    }
+    const int ready = poll(fds.data(), fds.size(), poll_timeout_ms());
+    if (ready < 0 && errno != EINTR) {
+      message(std::string("poll failed: ") + strerror(errno));
+      abort_job();
+      return;
+    }
+    if (ready > 0 && fds[0].revents != 0) {
+      drain_wake_pipe();
+    }
+    handle_pending_signals();
+    // Reaping before reading lets on_rank_exit drain a dead rank's output
+    // in order; a SIGCHLD lost to coalescing is covered by reaping always.
+    reap_children();
+    if (ready <= 0) {
+      continue;
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      OutputStream* stream = streams[i].second;
+      if (fds[i].revents == 0 || stream->fd != fds[i].fd) {
+        continue;
+      }
+      if (fds[i].revents & POLLNVAL) {
+        close_stream(*streams[i].first, *stream);
+        continue;
+      }
+      (void)read_stream(*streams[i].first, *stream);
+    }
+  }
+}
+
+} // namespace detail
+} // namespace ronde
+
+int main(int argc, char** argv) {
+  ronde::detail::Options options;
+  const std::string error = ronde::detail::parse_args(argc, argv, options);
+  if (options.help) {
+    fputs(ronde::detail::kUsage, stdout);
+    return fflush(stdout) == 0 ? 0 : ronde::detail::kFailureExitCode;
+  }
+  if (!error.empty()) {
+    fprintf(stderr, "ronderun: %s\n%s", error.c_str(), ronde::detail::kUsage);
+    return ronde::detail::kUsageExitCode;
+  }
+  ronde::detail::Launcher launcher(std::move(options));
+  return launcher.run();
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One entry point for developers and CI: installs what ronde needs (Debian
+# packages, a venv with the pinned LibTorch wheel), builds, and runs the
+# example or the tests. Every step is skipped when already done.
+#
+#   scripts/dev.sh example   set up, build, run the main example on 2 ranks
+#   scripts/dev.sh test      set up, build, run the whole test suite
+#   scripts/dev.sh setup     only install dependencies
+#   scripts/dev.sh build     set up and build
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${RONDE_BUILD_DIR:-$ROOT/build}
+VENV=${RONDE_VENV:-$ROOT/.venv}
+JOBS=${RONDE_JOBS:-2}
+TORCH_VERSION=2.13.0
+
+APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
+  dataset-fashion-mnist)
+
+log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+setup_apt() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
+  done
+  if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    as_root apt-get update -q
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q \
+      --no-install-recommends "${missing[@]}"
+  fi
+}
+
+setup_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    log "creating the venv at $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local have
+  have=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+  if [[ "$have" != "$TORCH_VERSION"* ]]; then
+    # Pinned: the CPU build of this release; a looser spec pulls a CUDA build.
+    log "installing torch==$TORCH_VERSION into the venv"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  fi
+  if ! "$VENV/bin/python" -c 'import numpy' >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check numpy
+  fi
+}
+
+setup() {
+  setup_apt
+  setup_venv
+}
+
+build() {
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S "$ROOT" -B "$BUILD" -DRONDE_PYTHON="$VENV/bin/python" \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  fi
+  cmake --build "$BUILD" -j "$JOBS"
+}
+
+run_example() {
+  "$BUILD/bin/ronderun" -np 2 -- "$BUILD/bin/collectives_tour" "$@"
+}
+
+run_tests() {
+  # Multirank tests are marked RUN_SERIAL; the rest share the two cores.
+  ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"
+}
+
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+  setup) setup ;;
+  build) setup; build ;;
+  example) setup; build; run_example "$@" ;;
+  test) setup; build; run_tests "$@" ;;
+  *) echo "usage: scripts/dev.sh {example|test|setup|build} [args...]" >&2; exit 2 ;;
+esac

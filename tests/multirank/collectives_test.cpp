@@ -1,0 +1,195 @@
+// Multirank tests of the runtime and the collectives: real processes on
+// loopback, each checking its results against a reference it computes
+// itself (see worker.cpp).
+#include "harness.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <thread>
+
+using ronde::testing::JobResult;
+using ronde::testing::JobSpec;
+using ronde::testing::run_job;
+using ronde::testing::RunningJob;
+using ronde::testing::worker_path;
+
+namespace {
+
+JobSpec spec(const std::string& scenario, int np,
+             const std::string& program = worker_path()) {
+  JobSpec s;
+  s.argv = {program, scenario};
+  s.np = np;
+  return s;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, MatchLocalReference) {
+  JobResult r = run_job(spec("collectives", GetParam()));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+TEST_P(Collectives, MismatchFailsOnEveryRankAndRecovers) {
+  JobResult r = run_job(spec("mismatch", GetParam()));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+  for (const auto& rank : r.ranks) {
+    EXPECT_TRUE(contains(rank.output, "ERROR_SEEN: ronde: ranks disagree"))
+        << r.dump();
+  }
+}
+
+TEST_P(Collectives, KilledPeerFailsOthersWithinTimeout) {
+  JobSpec s = spec("kill_peer", GetParam());
+  s.env["RONDE_TIMEOUT_SECONDS"] = "20";
+  s.timeout = std::chrono::seconds(60);
+  JobResult r = run_job(s);
+  ASSERT_FALSE(r.timed_out) << r.dump();
+  const int n = GetParam();
+  for (const auto& rank : r.ranks) {
+    if (rank.rank == n - 1) {
+      EXPECT_EQ(rank.signal, SIGKILL) << r.dump();
+      continue;
+    }
+    EXPECT_EQ(rank.exit_code, 3) << r.dump();
+    EXPECT_TRUE(contains(rank.output, "COMM_ERROR: ronde: allreduce of 'big' failed on rank " +
+                                          std::to_string(rank.rank)))
+        << r.dump();
+    // The dead rank is named as a suspect on every survivor.
+    EXPECT_TRUE(contains(rank.output, "SUSPECTS:") &&
+                contains(rank.output.substr(rank.output.find("SUSPECTS:")),
+                         std::to_string(n - 1)))
+        << r.dump();
+    EXPECT_TRUE(contains(rank.output, "LATER: ronde:")) << r.dump();
+  }
+  // Well within the collective timeout: the failure is detected, not waited out.
+  EXPECT_LT(r.seconds, 50.0) << r.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
+
+TEST(Collectives, SingleProcessNeedsNoLauncher) {
+  // No launcher variables at all: world size 1, no network, same results.
+  JobSpec s = spec("collectives", 1);
+  for (const char* v : {"RONDE_RANK", "RONDE_SIZE", "RONDE_LOCAL_RANK",
+                        "RONDE_LOCAL_SIZE", "RONDE_RENDEZVOUS_ADDR",
+                        "RONDE_RENDEZVOUS_PORT", "RONDE_JOB_ID"}) {
+    s.env[v] = "";
+  }
+  JobResult r = run_job(s);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+TEST(Rendezvous, ForeignJobIsRefusedAndJobContinues) {
+  std::string dir = ronde::testing::make_temp_dir();
+  JobSpec s = spec("hold", 2);
+  s.argv.push_back(dir);
+  RunningJob job(s);
+  struct stat st {};
+  for (int i = 0; i < 600 && ::stat((dir + "/ready").c_str(), &st) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(::stat((dir + "/ready").c_str(), &st), 0) << job.wait().dump();
+
+  // Another job's rank 1 finds this job's store.
+  JobSpec foreign = spec("intruder", 2);
+  foreign.port = job.spec().port;
+  foreign.job_id = "someone-else";
+  foreign.only_ranks = {1};
+  foreign.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  JobResult fr = run_job(foreign);
+  ASSERT_EQ(fr.ranks.size(), 1u);
+  EXPECT_EQ(fr.ranks[0].exit_code, 4) << fr.dump();
+  EXPECT_TRUE(contains(fr.ranks[0].output, "refused")) << fr.dump();
+  EXPECT_TRUE(contains(fr.ranks[0].output, "someone-else")) << fr.dump();
+
+  // Same job id, different world size.
+  JobSpec bigger = spec("intruder", 3);
+  bigger.port = job.spec().port;
+  bigger.job_id = job.spec().job_id;
+  bigger.only_ranks = {2};
+  bigger.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  JobResult br = run_job(bigger);
+  EXPECT_EQ(br.ranks[0].exit_code, 4) << br.dump();
+  EXPECT_TRUE(contains(br.ranks[0].output, "of 2 ranks")) << br.dump();
+
+  // A duplicate rank of the same job is refused too.
+  JobSpec dup = spec("intruder", 2);
+  dup.port = job.spec().port;
+  dup.job_id = job.spec().job_id;
+  dup.only_ranks = {1};
+  dup.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  JobResult dr = run_job(dup);
+  EXPECT_EQ(dr.ranks[0].exit_code, 4) << dr.dump();
+  EXPECT_TRUE(contains(dr.ranks[0].output, "claimed by another process"))
+      << dr.dump();
+
+  std::ofstream(dir + "/go").put('\n');
+  JobResult jr = job.wait();
+  EXPECT_TRUE(jr.all_succeeded()) << jr.dump();
+}
+
+TEST(Rendezvous, MissingPeerTimesOutWithClearError) {
+  // Rank 1 of 2 never starts: rank 0 must give up within its timeout.
+  JobSpec s = spec("init_error", 2);
+  s.only_ranks = {0};
+  s.env["RONDE_TIMEOUT_SECONDS"] = "3";
+  s.timeout = std::chrono::seconds(60);
+  JobResult r = run_job(s);
+  ASSERT_FALSE(r.timed_out) << r.dump();
+  EXPECT_EQ(r.ranks[0].exit_code, 5) << r.dump();
+  EXPECT_TRUE(contains(r.ranks[0].output, "INIT_ERROR: ronde:")) << r.dump();
+}
+
+#ifdef RONDE_TEST_WORKER_TORCH_FIRST
+// The executables below differ only in link order (see tests/CMakeLists.txt).
+// LibTorch linked first, as users do: every collective still runs on the
+// system Gloo, isolated from LibTorch's exported copy.
+TEST(GlooIsolation, TorchFirstExecutablePasses) {
+  JobResult r = run_job(spec("collectives", 2, RONDE_TEST_WORKER_TORCH_FIRST));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+TEST(GlooIsolation, GlooFirstExecutablePasses) {
+  JobResult r = run_job(spec("collectives", 2, RONDE_TEST_WORKER_GLOO_FIRST));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+void expect_clean_refusal(const JobResult& r, const std::string& needle) {
+  ASSERT_FALSE(r.timed_out) << r.dump();
+  for (const auto& rank : r.ranks) {
+    EXPECT_EQ(rank.signal, 0) << "crashed instead of refusing\n" << r.dump();
+    EXPECT_EQ(rank.exit_code, 5) << r.dump();
+    EXPECT_TRUE(contains(rank.output, "INIT_ERROR: ronde:")) << r.dump();
+  }
+  bool named = false;
+  for (const auto& rank : r.ranks) named |= contains(rank.output, needle);
+  EXPECT_TRUE(named) << r.dump();
+}
+
+// An executable that loads libgloo itself after LibTorch has a broken libgloo
+// before ronde starts: ronde must say so rather than crash.
+TEST(GlooIsolation, TorchThenGlooExecutableIsRefusedClearly) {
+  JobSpec s = spec("init_error", 2, RONDE_TEST_WORKER_TORCH_THEN_GLOO);
+  s.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  expect_clean_refusal(run_job(s), "loaded the system libgloo after LibTorch");
+}
+
+// Without RTLD_DEEPBIND the module's Gloo calls would bind to LibTorch's
+// copy: the start-up check must refuse instead of crashing.
+TEST(GlooIsolation, WithoutDeepbindTheWrongGlooIsDetected) {
+  JobSpec s = spec("init_error", 2, RONDE_TEST_WORKER_TORCH_FIRST);
+  s.env["RONDE_GLOO_DEEPBIND"] = "0";
+  s.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  expect_clean_refusal(run_job(s), "LibTorch's private Gloo");
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,463 @@
+// The program the multirank tests start N times. argv[1] names a scenario;
+// each scenario computes, on every rank, the expected result of every
+// collective from the inputs all ranks generate deterministically, and
+// exits non-zero with a message at the first difference.
+#include <ronde/ronde.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+
+namespace {
+
+int g_failures = 0;
+
+#define EXPECT_TRUE_W(cond, ...)                                          \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      ++g_failures;                                                       \
+      std::cout << "FAILED on rank " << ronde::rank() << " at line "      \
+                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
+                << std::endl;                                             \
+    }                                                                     \
+  } while (0)
+
+// Exact comparison for integers and for reductions whose order does not
+// matter; a tolerance for float sums reduced in ring order.
+bool close(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.sizes().equals(b.sizes()) || a.scalar_type() != b.scalar_type()) {
+    return false;
+  }
+  if (at::isFloatingType(a.scalar_type())) {
+    double tol = a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16
+                     ? 2e-2
+                     : 1e-5;
+    return at::allclose(a.to(at::kDouble), b.to(at::kDouble), tol, tol, true);
+  }
+  return at::equal(a, b);
+}
+
+// Rank r's input for a collective: deterministic in (r, seed, shape).
+at::Tensor input_for(int r, int64_t seed, at::IntArrayRef shape,
+                     at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 131 + r);
+  if (at::isFloatingType(dtype)) {
+    return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat))
+        .to(dtype);
+  }
+  // Small values keep integer products and sums in range.
+  return at::randint(1, 4, shape, gen, at::TensorOptions().dtype(at::kLong))
+      .to(dtype);
+}
+
+at::Tensor reference_reduce(int n, int64_t seed, at::IntArrayRef shape,
+                            at::ScalarType dtype, ronde::ReduceOp op) {
+  // Reduce in double/long so the reference is not itself rounded per step,
+  // then cast to the tensor's dtype.
+  auto wide = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
+  at::Tensor acc = input_for(0, seed, shape, dtype).to(wide);
+  for (int r = 1; r < n; ++r) {
+    at::Tensor x = input_for(r, seed, shape, dtype).to(wide);
+    switch (op) {
+      case ronde::ReduceOp::Sum:
+      case ronde::ReduceOp::Average: acc = acc + x; break;
+      case ronde::ReduceOp::Min: acc = at::minimum(acc, x); break;
+      case ronde::ReduceOp::Max: acc = at::maximum(acc, x); break;
+      case ronde::ReduceOp::Product: acc = acc * x; break;
+    }
+  }
+  if (op == ronde::ReduceOp::Average) acc = acc / n;
+  return acc.to(dtype);
+}
+
+const std::vector<at::ScalarType> kFloatTypes = {at::kFloat, at::kDouble,
+                                                 at::kHalf, at::kBFloat16};
+const std::vector<at::ScalarType> kIntTypes = {at::kChar, at::kByte, at::kShort,
+                                               at::kInt, at::kLong};
+
+void check_allreduce() {
+  const int n = ronde::size(), me = ronde::rank();
+  int64_t seed = 1;
+  std::vector<ronde::ReduceOp> ops = {ronde::ReduceOp::Sum, ronde::ReduceOp::Average,
+                                      ronde::ReduceOp::Min, ronde::ReduceOp::Max,
+                                      ronde::ReduceOp::Product};
+  std::vector<at::ScalarType> types = kFloatTypes;
+  types.insert(types.end(), kIntTypes.begin(), kIntTypes.end());
+  for (auto dtype : types) {
+    for (auto op : ops) {
+      bool is_int = !at::isFloatingType(dtype);
+      if (is_int && op == ronde::ReduceOp::Average) continue;
+      for (std::vector<int64_t> shape : {std::vector<int64_t>{0},
+                                         std::vector<int64_t>{7},
+                                         std::vector<int64_t>{33, 65}}) {
+        ++seed;
+        at::Tensor x = input_for(me, seed, shape, dtype);
+        at::Tensor before = x.clone();
+        at::Tensor got = ronde::allreduce(
+            x, ronde::AllreduceOptions().op(op).name("t" + std::to_string(seed)));
+        at::Tensor want = reference_reduce(n, seed, shape, dtype, op);
+        EXPECT_TRUE_W(close(got, want), "allreduce ", ronde::to_string(op), " ",
+                      dtype, " ", shape);
+        EXPECT_TRUE_W(at::equal(x, before), "allreduce changed its input");
+        // In place, on a non-contiguous view.
+        at::Tensor base = input_for(me, seed, {shape[0], 2}, dtype);
+        at::Tensor col = base.select(1, 0);
+        at::Tensor col_before = base.select(1, 1).clone();
+        if (shape.size() == 1) {
+          at::Tensor col_input = col.clone();
+          ronde::allreduce_(col, ronde::AllreduceOptions().op(op));
+          auto wide_ref = [&] {
+            // Reference for the column: reduce every rank's column.
+            auto w = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
+            at::Tensor acc;
+            for (int r = 0; r < n; ++r) {
+              at::Tensor c = input_for(r, seed, {shape[0], 2}, dtype)
+                                 .select(1, 0).to(w);
+              if (r == 0) { acc = c; continue; }
+              switch (op) {
+                case ronde::ReduceOp::Sum:
+                case ronde::ReduceOp::Average: acc = acc + c; break;
+                case ronde::ReduceOp::Min: acc = at::minimum(acc, c); break;
+                case ronde::ReduceOp::Max: acc = at::maximum(acc, c); break;
+                case ronde::ReduceOp::Product: acc = acc * c; break;
+              }
+            }
+            if (op == ronde::ReduceOp::Average) acc = acc / n;
+            return acc.to(dtype);
+          }();
+          EXPECT_TRUE_W(close(col.contiguous(), wide_ref), "allreduce_ view ",
+                        dtype);
+          EXPECT_TRUE_W(at::equal(base.select(1, 1), col_before),
+                        "allreduce_ touched the other column");
+        }
+      }
+    }
+  }
+  // Prescale and postscale.
+  at::Tensor x = input_for(me, 999, {10}, at::kFloat);
+  at::Tensor got = ronde::allreduce(
+      x, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).prescale_factor(0.5)
+             .postscale_factor(3.0));
+  at::Tensor want = reference_reduce(n, 999, {10}, at::kFloat, ronde::ReduceOp::Sum) * 1.5;
+  EXPECT_TRUE_W(close(got, want), "prescale/postscale");
+}
+
+void check_allgather() {
+  const int n = ronde::size(), me = ronde::rank();
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kByte}) {
+    // Dim 0 differs per rank (rank 1 sends nothing).
+    int64_t rows = me == 1 ? 0 : me + 2;
+    at::Tensor x = input_for(me, 5, {rows, 3}, dtype);
+    at::Tensor got = ronde::allgather(x, ronde::CollectiveOptions().name("g"));
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < n; ++r) {
+      parts.push_back(input_for(r, 5, {r == 1 ? 0 : r + 2, 3}, dtype));
+    }
+    EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "allgather ", dtype);
+  }
+}
+
+void check_broadcast() {
+  const int n = ronde::size(), me = ronde::rank();
+  for (int root = 0; root < n; ++root) {
+    for (auto dtype : {at::kFloat, at::kHalf, at::kInt}) {
+      at::Tensor x = input_for(me, 40 + root, {4, 5}, dtype);
+      at::Tensor want = input_for(root, 40 + root, {4, 5}, dtype);
+      at::Tensor got = ronde::broadcast(x, root);
+      EXPECT_TRUE_W(at::equal(got, want), "broadcast root ", root);
+      EXPECT_TRUE_W(at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
+                    "out-of-place broadcast changed its input");
+      ronde::broadcast_(x, root);
+      EXPECT_TRUE_W(at::equal(x, want), "broadcast_ root ", root);
+    }
+  }
+}
+
+void check_alltoall() {
+  const int n = ronde::size(), me = ronde::rank();
+  // Rank r sends (r + d) % 3 rows to rank d.
+  auto splits_of = [&](int r) {
+    std::vector<int64_t> s;
+    for (int d = 0; d < n; ++d) s.push_back((r + d) % 3);
+    return s;
+  };
+  auto rows_of = [&](int r) {
+    int64_t t = 0;
+    for (auto v : splits_of(r)) t += v;
+    return t;
+  };
+  for (auto dtype : {at::kFloat, at::kLong}) {
+    at::Tensor x = input_for(me, 77, {rows_of(me), 2}, dtype);
+    auto h = ronde::alltoall_async(x, ronde::AlltoallOptions().splits(splits_of(me)));
+    at::Tensor got = h.result();
+    std::vector<at::Tensor> parts;
+    std::vector<int64_t> want_splits;
+    for (int r = 0; r < n; ++r) {
+      at::Tensor src = input_for(r, 77, {rows_of(r), 2}, dtype);
+      auto s = splits_of(r);
+      int64_t offset = 0;
+      for (int d = 0; d < me; ++d) offset += s[d];
+      parts.push_back(src.narrow(0, offset, s[me]));
+      want_splits.push_back(s[me]);
+    }
+    EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "alltoall ", dtype);
+    EXPECT_TRUE_W(h.received_splits() == want_splits, "alltoall splits");
+  }
+  // Even split by default.
+  at::Tensor x = at::arange(2 * n, at::kLong) + 100 * me;
+  at::Tensor got = ronde::alltoall(x);
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < n; ++r) {
+    parts.push_back(at::arange(2 * me, 2 * me + 2, at::kLong) + 100 * r);
+  }
+  EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "alltoall even");
+}
+
+void check_reducescatter() {
+  const int n = ronde::size(), me = ronde::rank();
+  for (int64_t rows : {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1)}) {
+    at::Tensor x = input_for(me, 300 + rows, {rows, 3}, at::kFloat);
+    at::Tensor got = ronde::reducescatter(x);
+    at::Tensor full = reference_reduce(n, 300 + rows, {rows, 3}, at::kFloat,
+                                       ronde::ReduceOp::Average);
+    int64_t base = rows / n, extra = rows % n;
+    int64_t start = me * base + std::min<int64_t>(me, extra);
+    int64_t count = base + (me < extra ? 1 : 0);
+    EXPECT_TRUE_W(close(got, full.narrow(0, start, count)), "reducescatter ",
+                  rows);
+  }
+}
+
+void check_async() {
+  const int n = ronde::size(), me = ronde::rank();
+  std::vector<ronde::Handle> handles;
+  std::vector<at::Tensor> inputs;
+  for (int i = 0; i < 8; ++i) {
+    inputs.push_back(input_for(me, 500 + i, {1000 + i}, at::kFloat));
+    handles.push_back(ronde::allreduce_async(
+        inputs.back(), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum)));
+  }
+  for (int i = 7; i >= 0; --i) {
+    EXPECT_TRUE_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
+    EXPECT_TRUE_W(handles[i].done(), "handle not done after wait");
+    EXPECT_TRUE_W(close(handles[i].result(),
+                        reference_reduce(n, 500 + i, {1000 + i}, at::kFloat,
+                                         ronde::ReduceOp::Sum)),
+                  "async allreduce ", i);
+  }
+  ronde::barrier_async().wait();
+  ronde::barrier();
+}
+
+int scenario_collectives() {
+  ronde::init();
+  const char* size_env = std::getenv("RONDE_SIZE");
+  const char* rank_env = std::getenv("RONDE_RANK");
+  bool launched = size_env != nullptr && *size_env != '\0';
+  EXPECT_TRUE_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
+  EXPECT_TRUE_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
+  EXPECT_TRUE_W(ronde::device() == c10::Device(c10::kCPU), "device");
+  check_allreduce();
+  check_allgather();
+  check_broadcast();
+  check_alltoall();
+  check_reducescatter();
+  check_async();
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Runs fn, expecting a c10::Error whose message contains every needle.
+void expect_error(const std::function<void()>& fn,
+                  const std::vector<std::string>& needles) {
+  try {
+    fn();
+    EXPECT_TRUE_W(false, "expected an error containing '", needles[0], "'");
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::cout << "ERROR_SEEN: " << msg << std::endl;
+    for (const auto& needle : needles) {
+      EXPECT_TRUE_W(msg.find(needle) != std::string::npos, "message lacks '",
+                    needle, "': ", msg);
+    }
+  }
+}
+
+int scenario_mismatch() {
+  ronde::init();
+  const int me = ronde::rank();
+  // Shape differs on the last rank.
+  expect_error(
+      [&] {
+        int64_t cols = me == ronde::size() - 1 ? 6 : 5;
+        ronde::allreduce(at::ones({4, cols}),
+                         ronde::AllreduceOptions().name("weights"));
+      },
+      {"disagree", "'weights'", "Float[4, 5]", "Float[4, 6]"});
+  // Op differs.
+  expect_error(
+      [&] {
+        ronde::allreduce(at::ones({3}),
+                         ronde::AllreduceOptions().op(
+                             me == 0 ? ronde::ReduceOp::Sum : ronde::ReduceOp::Max));
+      },
+      {"disagree", "allreduce(sum)", "allreduce(max)"});
+  // Dtype differs.
+  expect_error(
+      [&] { ronde::allreduce(at::ones({3}, me == 0 ? at::kFloat : at::kDouble)); },
+      {"disagree", "Float[3]", "Double[3]"});
+  // Root differs.
+  expect_error([&] { ronde::broadcast(at::ones({3}), me == 0 ? 0 : 1); },
+               {"disagree", "root 0", "root 1"});
+  // Different collectives altogether.
+  expect_error(
+      [&] {
+        if (me == 0) {
+          ronde::allgather(at::ones({2}));
+        } else {
+          ronde::allreduce(at::ones({2}));
+        }
+      },
+      {"disagree", "allgather", "allreduce"});
+  // Allgather: dims beyond 0 must agree.
+  expect_error([&] { ronde::allgather(at::ones({2, me + 1})); },
+               {"disagree", "allgather"});
+  // A bad argument on one rank only is reported on every rank.
+  expect_error(
+      [&] {
+        std::vector<int64_t> splits(ronde::size(), 1);
+        if (me == 1) splits[0] = 5;
+        ronde::alltoall(at::ones({ronde::size()}),
+                        ronde::AlltoallOptions().splits(splits).name("bad"));
+      },
+      {"rejected", "rank 1: splits sum to"});
+  expect_error([&] { ronde::allreduce(at::ones({2}, at::kInt)); },
+               {"average of integer tensors"});
+  expect_error([&] { ronde::broadcast(at::ones({2}), 99); },
+               {"root rank 99"});
+  // The communicator is still healthy afterwards.
+  at::Tensor got = ronde::allreduce(at::ones({3}) * (me + 1),
+                                    ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  int n = ronde::size();
+  EXPECT_TRUE_W(at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
+                "allreduce after mismatches");
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// The last rank dies (SIGKILL) while a large all-reduce is in flight; the
+// others must fail with a CommError naming the operation, within the timeout.
+int scenario_kill_peer() {
+  ronde::init();
+  const int me = ronde::rank(), n = ronde::size();
+  ronde::barrier();
+  at::Tensor big = at::ones({32 << 20});  // 128 MiB: long enough to be mid-way
+  if (me == n - 1) {
+    std::thread killer([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      ::kill(::getpid(), SIGKILL);
+    });
+    killer.detach();
+  }
+  try {
+    for (int i = 0; i < 50; ++i) {
+      ronde::allreduce_(big, ronde::AllreduceOptions().name("big"));
+    }
+    std::cout << "NO_ERROR" << std::endl;
+    return 1;
+  } catch (const ronde::CommError& e) {
+    std::cout << "COMM_ERROR: " << e.what() << std::endl;
+    std::cout << "SUSPECTS:";
+    for (int s : e.suspect_ranks()) std::cout << " " << s;
+    std::cout << std::endl;
+    // Later calls fail at once, without hanging.
+    try {
+      ronde::allreduce(at::ones({1}));
+      std::cout << "LATER_CALL_SUCCEEDED" << std::endl;
+      return 1;
+    } catch (const ronde::CommError& later) {
+      std::cout << "LATER: " << later.what() << std::endl;
+    }
+    ronde::shutdown();
+    return 3;
+  }
+}
+
+// Holds a job open until the test has tried to disturb it, then proves the
+// job still works. argv[2] is a directory shared with the test.
+int scenario_hold(const std::string& dir) {
+  ronde::init();
+  ronde::barrier();
+  if (ronde::rank() == 0) {
+    std::FILE* f = std::fopen((dir + "/ready").c_str(), "w");
+    if (f) std::fclose(f);
+  }
+  struct stat st {};
+  for (int i = 0; i < 600 && ::stat((dir + "/go").c_str(), &st) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  at::Tensor got = ronde::allreduce(at::ones({5}), ronde::AllreduceOptions().op(
+                                                       ronde::ReduceOp::Sum));
+  EXPECT_TRUE_W(at::allclose(got, at::full({5}, double(ronde::size()))),
+                "allreduce after the intruder");
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Expects init() to be refused.
+int scenario_intruder() {
+  try {
+    ronde::init();
+    std::cout << "INTRUDER_ADMITTED" << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cout << "REFUSED: " << e.what() << std::endl;
+    return 4;
+  }
+}
+
+// Expects init() to fail cleanly (not crash); prints the message.
+int scenario_init_error() {
+  try {
+    ronde::init();
+    ronde::allreduce(at::ones({4}));
+    std::cout << "INIT_SUCCEEDED" << std::endl;
+    ronde::shutdown();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cout << "INIT_ERROR: " << e.what() << std::endl;
+    return 5;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  std::string name = argc > 1 ? argv[1] : "";
+  try {
+    if (name == "collectives") return scenario_collectives();
+    if (name == "mismatch") return scenario_mismatch();
+    if (name == "kill_peer") return scenario_kill_peer();
+    if (name == "hold") return scenario_hold(argc > 2 ? argv[2] : "/tmp");
+    if (name == "intruder") return scenario_intruder();
+    if (name == "init_error") return scenario_init_error();
+  } catch (const std::exception& e) {
+    std::cout << "UNCAUGHT: " << e.what() << std::endl;
+    return 2;
+  }
+  std::cerr << "unknown scenario '" << name << "'" << std::endl;
+  return 2;
+}
