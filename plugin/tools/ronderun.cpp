@@ -63,7 +63,11 @@ constexpr const char kUsage[] =
     "  --host H             rendezvous address (default: 127.0.0.1)\n"
     "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
     "  --verbose            print the job id, port and command to stderr\n"
-    "  -h, --help           print this help and exit\n";
+    "  -h, --help           print this help and exit\n"
+    "\n"
+    "When a rank fails, the others get SIGTERM and, after\n"
+    "RONDE_KILL_GRACE_SECONDS (default 5), SIGKILL; ronderun then exits with\n"
+    "the first failing rank's code (128 + signal if it was killed).\n";
 
 // Signals that ronderun forwards to the ranks. A signal that was ignored
 // when ronderun started (nohup, `cmd &` in a script) stays ignored.

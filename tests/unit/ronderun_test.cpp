@@ -88,6 +88,14 @@ class RonderunProcess {
 
     pid_ = fork();
     if (pid_ == 0) {
+      // ronderun keeps ignoring a signal it inherits as ignored (as after
+      // `ctest &` in a script), which would defeat the forwarding tests.
+      for (int signo : {SIGINT, SIGTERM, SIGHUP}) {
+        (void)signal(signo, SIG_DFL);
+      }
+      sigset_t none;
+      sigemptyset(&none);
+      (void)sigprocmask(SIG_SETMASK, &none, nullptr);
       // Keep settings of the machine running the tests out of the job.
       unsetenv("RONDE_TIMEOUT_SECONDS");
       unsetenv("RONDE_KILL_GRACE_SECONDS");

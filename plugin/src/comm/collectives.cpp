@@ -282,7 +282,18 @@ using Body = std::function<void(Communicator&, HandleState&,
 
 // Queues the job; it exchanges descriptors first when the call asks for it
 // and hands them to the body (empty when not exchanged).
+// Set by the blocking wrappers: the caller is about to wait anyway, so the
+// job may run on its thread (see CommWorker::submit).
+thread_local bool t_blocking_call = false;
+
+struct BlockingCall {
+  BlockingCall() { t_blocking_call = true; }
+  ~BlockingCall() { t_blocking_call = false; }
+};
+
 Handle submit(Call call, Body body) {
+  const bool blocking = t_blocking_call;
+  t_blocking_call = false;
   Runtime& rt = runtime(to_string(call.kind));
   if (!call.verify && call.desc.error[0] != '\0') {
     // Without the exchange the other ranks cannot learn of it; fail here.
@@ -297,7 +308,8 @@ Handle submit(Call call, Body body) {
           guarded(comm, call, [&] { all = exchange(comm, call.desc); });
         }
         body(comm, state, all, call);
-      });
+      },
+      blocking);
 }
 
 // Reduction shared by allreduce and reducescatter: scale, reduce, average.
@@ -392,6 +404,7 @@ Handle allreduce_async(const at::Tensor& tensor,
 
 at::Tensor allreduce(const at::Tensor& tensor,
                      const AllreduceOptions& options) {
+  detail::BlockingCall blocking;
   return allreduce_async(tensor, options).result();
 }
 
@@ -401,6 +414,7 @@ Handle allreduce_async_(const at::Tensor& tensor,
 }
 
 void allreduce_(const at::Tensor& tensor, const AllreduceOptions& options) {
+  detail::BlockingCall blocking;
   allreduce_async_(tensor, options).wait();
 }
 
@@ -433,6 +447,7 @@ Handle allgather_async(const at::Tensor& tensor,
 
 at::Tensor allgather(const at::Tensor& tensor,
                      const CollectiveOptions& options) {
+  detail::BlockingCall blocking;
   return allgather_async(tensor, options).result();
 }
 
@@ -443,6 +458,7 @@ Handle broadcast_async(const at::Tensor& tensor, int root_rank,
 
 at::Tensor broadcast(const at::Tensor& tensor, int root_rank,
                      const CollectiveOptions& options) {
+  detail::BlockingCall blocking;
   return broadcast_async(tensor, root_rank, options).result();
 }
 
@@ -453,6 +469,7 @@ Handle broadcast_async_(const at::Tensor& tensor, int root_rank,
 
 void broadcast_(const at::Tensor& tensor, int root_rank,
                 const CollectiveOptions& options) {
+  detail::BlockingCall blocking;
   broadcast_async_(tensor, root_rank, options).wait();
 }
 
@@ -524,6 +541,7 @@ Handle alltoall_async(const at::Tensor& tensor,
 }
 
 at::Tensor alltoall(const at::Tensor& tensor, const AlltoallOptions& options) {
+  detail::BlockingCall blocking;
   return alltoall_async(tensor, options).result();
 }
 
@@ -559,6 +577,7 @@ Handle reducescatter_async(const at::Tensor& tensor,
 
 at::Tensor reducescatter(const at::Tensor& tensor,
                          const ReducescatterOptions& options) {
+  detail::BlockingCall blocking;
   return reducescatter_async(tensor, options).result();
 }
 
@@ -573,6 +592,7 @@ Handle barrier_async() {
 }
 
 void barrier() {
+  detail::BlockingCall blocking;
   barrier_async().wait();
 }
 

@@ -69,15 +69,46 @@ CommWorker::~CommWorker() {
   if (thread_.joinable()) thread_.join();
 }
 
-Handle CommWorker::submit(Job job) {
+Handle CommWorker::submit(Job job, bool run_inline) {
   auto state = std::make_shared<HandleState>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
-    queue_.emplace_back(std::move(job), state);
+    if (!run_inline || busy_ || !queue_.empty()) {
+      queue_.emplace_back(std::move(job), state);
+      cv_.notify_one();
+      return Handle(state);
+    }
+    busy_ = true;
   }
-  cv_.notify_one();
+  execute(job, *state);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+  }
+  cv_.notify_all();
   return Handle(state);
+}
+
+void CommWorker::execute(const Job& job, HandleState& state) {
+  if (broken_) {
+    state.finish(broken_);
+    return;
+  }
+  try {
+    job(comm_, state);
+    state.finish(nullptr);
+  } catch (const CommError& e) {
+    broken_ = std::make_exception_ptr(CommError(
+        CommError::Kind::Broken, e.operation(), e.tensor(), e.rank(),
+        e.suspect_ranks(), e.backend(),
+        std::string("unusable after an earlier failure: ") + e.what()));
+    state.finish(std::current_exception());
+  } catch (...) {
+    // The caller's mistake (a mismatch, a bad argument): every rank saw the
+    // same verdict, so the communicator stays usable.
+    state.finish(std::current_exception());
+  }
 }
 
 void CommWorker::loop() {
@@ -85,30 +116,18 @@ void CommWorker::loop() {
     std::pair<Job, std::shared_ptr<HandleState>> item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;  // stopping and drained
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    auto& [job, state] = item;
-    if (broken_) {
-      state->finish(broken_);
-      continue;
+    execute(item.first, *item.second);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
     }
-    try {
-      job(comm_, *state);
-      state->finish(nullptr);
-    } catch (const CommError& e) {
-      broken_ = std::make_exception_ptr(CommError(
-          CommError::Kind::Broken, e.operation(), e.tensor(), e.rank(),
-          e.suspect_ranks(), e.backend(),
-          std::string("unusable after an earlier failure: ") + e.what()));
-      state->finish(std::current_exception());
-    } catch (...) {
-      // The caller's mistake (a mismatch, a bad argument): every rank saw
-      // the same verdict, so the communicator stays usable.
-      state->finish(std::current_exception());
-    }
+    cv_.notify_all();
   }
 }
 

@@ -40,10 +40,15 @@ class CommWorker {
   // A job throws ronde::CommError for a peer or network failure (which
   // breaks the communicator for good) and c10::Error for a caller's mistake.
   using Job = std::function<void(Communicator&, HandleState&)>;
-  Handle submit(Job job);
+  // Queues the job. With run_inline, a job submitted while nothing is queued
+  // or running runs on the caller's thread instead: a blocking collective
+  // then costs no thread hand-off (two wake-ups, which dominate small
+  // messages), and the order of execution is still the order of submission.
+  Handle submit(Job job, bool run_inline = false);
 
  private:
   void loop();
+  void execute(const Job& job, HandleState& state);
 
   Communicator& comm_;  // owned by the Runtime, outlives the worker
   std::mutex mutex_;
@@ -51,8 +56,11 @@ class CommWorker {
   // Guarded by mutex_:
   std::deque<std::pair<Job, std::shared_ptr<HandleState>>> queue_;
   bool stopping_ = false;
-  // Written and read by the worker thread only: after a peer failure every
-  // later collective fails at once with the first error.
+  // A job is executing (on the worker or inline on a caller): at most one
+  // at a time, so the communicator needs no lock of its own.
+  bool busy_ = false;
+  // Touched only by whoever holds busy_: after a peer failure every later
+  // collective fails at once with the first error.
   std::exception_ptr broken_;
   std::thread thread_;
 };

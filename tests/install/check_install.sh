@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the built tree into a fresh prefix, builds the consumer project
+# against it with find_package(ronde), and runs it on 1 and 2 ranks with the
+# installed ronderun.
+# usage: check_install.sh BUILD_DIR SOURCE_DIR TORCH_CMAKE_PREFIX
+set -euo pipefail
+build=$1 src=$2 torch_prefix=$3
+work=$(mktemp -d "${TMPDIR:-/tmp}/ronde-install-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+for f in include/ronde/ronde.h include/ronde/version.h bin/ronderun; do
+  [ -e "$work/prefix/$f" ] || { echo "missing after install: $f"; exit 1; }
+done
+ls "$work"/prefix/lib*/libronde_gloo.so > /dev/null
+launcher=
+command -v ccache > /dev/null && launcher=-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+cmake -S "$src/tests/install/consumer" -B "$work/build" $launcher \
+  -DCMAKE_PREFIX_PATH="$work/prefix;$torch_prefix" > "$work/configure.log" ||
+  { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" -j 2 > "$work/build.log" ||
+  { cat "$work/build.log"; exit 1; }
+env -u RONDE_RANK -u RONDE_SIZE "$work/build/consumer"
+"$work/prefix/bin/ronderun" -np 2 --timeout 60 -- "$work/build/consumer"
+echo "install check passed"
