@@ -444,6 +444,8 @@ int scenario_init_error() {
 
 }  // namespace
 
+int run_optim_scenario(int argc, char** argv);  // worker_optim.cpp
+
 int main(int argc, char** argv) {
   at::set_num_threads(1);
   std::string name = argc > 1 ? argv[1] : "";
@@ -454,6 +456,7 @@ int main(int argc, char** argv) {
     if (name == "hold") return scenario_hold(argc > 2 ? argv[2] : "/tmp");
     if (name == "intruder") return scenario_intruder();
     if (name == "init_error") return scenario_init_error();
+    if (int rc = run_optim_scenario(argc, argv); rc >= 0) return rc;
   } catch (const std::exception& e) {
     std::cout << "UNCAUGHT: " << e.what() << std::endl;
     return 2;

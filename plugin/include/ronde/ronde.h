@@ -3,5 +3,6 @@
 
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
+#include <ronde/optimizer.h>
 #include <ronde/runtime.h>
 #include <ronde/version.h>

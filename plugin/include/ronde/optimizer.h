@@ -1,0 +1,117 @@
+// DistributedOptimizer: wraps any torch::optim::Optimizer so that each step
+// uses gradients averaged over all ranks. Gradients are packed into fused
+// buckets that are all-reduced while backward is still running.
+#pragma once
+
+#include <ronde/collectives.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ronde {
+
+namespace detail {
+class GradientEngine;
+}
+
+struct DistributedOptimizerOptions {
+  // Bucket size in MiB: gradients are packed into buckets of about this size
+  // and each bucket is all-reduced in one call. 0: RONDE_FUSION_THRESHOLD
+  // (bytes, as Horovod's HOROVOD_FUSION_THRESHOLD), else the default chosen
+  // from benchmarks/fusion_bench (see kDefaultFusionThresholdMb).
+  TORCH_ARG(double, fusion_threshold_mb) = 0;
+  // The first bucket is smaller so that communication starts early in
+  // backward. 1 MiB, as c10d's Reducer.
+  TORCH_ARG(double, first_bucket_mb) = 1;
+  // Backward passes accumulated locally before one all-reduce; step() must
+  // be called after exactly this many.
+  TORCH_ARG(int64_t, backward_passes_per_step) = 1;
+  // With backward_passes_per_step > 1: divide the accumulated gradient by
+  // that count too, so a step sees the mean over every micro-batch of every
+  // rank (what one process would compute on the global batch).
+  TORCH_ARG(bool, average_aggregated_gradients) = true;
+  // Average (the mean gradient, the default) or Sum over ranks.
+  TORCH_ARG(ReduceOp, op) = ReduceOp::Average;
+  // Divide by this before the all-reduce and multiply after it, to keep
+  // low-precision sums in range. 1: no effect.
+  TORCH_ARG(double, gradient_predivide_factor) = 1.0;
+  // Make each parameter's .grad a view into its bucket, so packing costs no
+  // copy. Off: gradients are copied into and out of the buckets.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+};
+
+// The default bucket size, from benchmarks/fusion_bench on 2 CPU ranks (see
+// benchmarks/README.md for the measurement).
+constexpr double kDefaultFusionThresholdMb = 25;
+
+// What the last step did, for progress lines and tests.
+struct StepProfile {
+  // Gradient hooks that had fired when each bucket was launched, in launch
+  // order: a value below `hooks` means the bucket went out while backward
+  // was still producing gradients.
+  std::vector<int64_t> hooks_before_launch;
+  int64_t hooks = 0;
+  // Seconds step() spent waiting for all-reduces after backward.
+  double wait_seconds = 0;
+};
+
+class DistributedOptimizer : public torch::optim::Optimizer {
+ public:
+  // `named_parameters` are the model's (model->named_parameters()); those
+  // with requires_grad=false are left out. Checks across ranks that every
+  // rank has the same parameters. Registers a hook on each gradient
+  // accumulator, released when this object is destroyed.
+  DistributedOptimizer(
+      std::shared_ptr<torch::optim::Optimizer> optimizer,
+      const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+      const DistributedOptimizerOptions& options = {});
+  ~DistributedOptimizer() override;
+
+  // Waits for every bucket's all-reduce, then steps the wrapped optimizer.
+  // With a closure (LBFGS), every evaluation of it is synchronised and its
+  // loss averaged over ranks, so every rank takes the same decisions.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  // Waits for the all-reduces and writes the averaged gradients into .grad:
+  // call it to touch gradients before step() (clipping, unscaling); step()
+  // then does not reduce again.
+  void synchronize();
+  // As the wrapped optimizer's. zero_grad(false) keeps gradients as bucket
+  // views (no copy in the next backward); the default (set_to_none) makes
+  // the next backward copy each gradient into its bucket once.
+  void zero_grad(bool set_to_none = true);
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  const std::shared_ptr<torch::optim::Optimizer>& wrapped() const {
+    return optimizer_;
+  }
+  const DistributedOptimizerOptions& options() const { return options_; }
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> buckets() const;
+  StepProfile last_step_profile() const;
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  DistributedOptimizerOptions options_;
+  std::shared_ptr<detail::GradientEngine> engine_;
+};
+
+// Copies root_rank's values into every rank's tensors (parameters, buffers),
+// in place, fused into one broadcast per dtype. Names must agree across ranks.
+void broadcast_parameters(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_tensors,
+    int root_rank);
+
+// Makes every rank's optimizer state (and param-group options) root_rank's,
+// through the optimizer's own serialisation: works for any optimizer that
+// implements save()/load().
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer,
+                               int root_rank);
+
+}  // namespace ronde

@@ -1,0 +1,43 @@
+// Greedy bucket assignment, as c10d's Reducer does it: fill per key in ready
+// order, close at the cap.
+#include "optim/bucket_assignment.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <map>
+
+namespace ronde::detail {
+
+std::vector<std::vector<size_t>> assign_buckets(
+    const std::vector<size_t>& bytes, const std::vector<std::string>& keys,
+    size_t first_cap, size_t cap) {
+  TORCH_CHECK(bytes.size() == keys.size(),
+              "assign_buckets: bytes and keys differ in length");
+  struct Open {
+    std::vector<size_t> members;
+    size_t size = 0;
+    bool first = true;
+  };
+  std::map<std::string, Open> open;
+  std::vector<std::vector<size_t>> done;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    Open& b = open[keys[i]];
+    b.members.push_back(i);
+    b.size += bytes[i];
+    if (b.size >= (b.first ? first_cap : cap)) {
+      done.push_back(std::move(b.members));
+      b.members.clear();
+      b.size = 0;
+      b.first = false;
+    }
+  }
+  for (auto& [key, b] : open) {
+    if (!b.members.empty()) done.push_back(std::move(b.members));
+  }
+  std::sort(done.begin(), done.end(),
+            [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  return done;
+}
+
+}  // namespace ronde::detail

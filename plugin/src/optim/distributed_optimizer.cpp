@@ -1,0 +1,567 @@
+// DistributedOptimizer and its gradient engine. A post-hook on each
+// parameter's gradient accumulator marks the parameter ready during
+// backward; a bucket whose parameters are all ready is all-reduced at once,
+// asynchronously, provided every earlier bucket has been launched (so every
+// rank launches the same buckets in the same order whatever order the hooks
+// fire in). step() launches what is left, waits, and steps the wrapped
+// optimizer on the averaged gradients.
+#include <ronde/optimizer.h>
+
+#include "optim/bucket_assignment.h"
+#include "runtime/error_text.h"
+
+#include <ronde/runtime.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <unordered_set>
+
+namespace ronde {
+namespace detail {
+namespace {
+
+// Param-group options that forward the learning rate to the wrapped
+// optimizer's group, looked up on every call: LibTorch's LR schedulers act
+// on whichever object they are given and both see one value. (Looked up by
+// index, since the wrapped optimizer's load() replaces its options objects.)
+class ForwardingOptions : public torch::optim::OptimizerOptions {
+ public:
+  // group < 0 forwards to the wrapped optimizer's defaults.
+  ForwardingOptions(torch::optim::Optimizer* target, int group)
+      : target_(target), group_(group) {}
+  std::unique_ptr<OptimizerOptions> clone() const override {
+    return std::make_unique<ForwardingOptions>(target_, group_);
+  }
+  double get_lr() const override { return resolve().get_lr(); }
+  void set_lr(const double lr) override { resolve().set_lr(lr); }
+
+ private:
+  torch::optim::OptimizerOptions& resolve() const {
+    if (group_ < 0) return target_->defaults();
+    TORCH_CHECK(static_cast<size_t>(group_) < target_->param_groups().size(),
+                "ronde: the wrapped optimizer lost param group ", group_);
+    return target_->param_groups()[group_].options();
+  }
+  torch::optim::Optimizer* target_;  // owned by the DistributedOptimizer
+  int group_;
+};
+
+std::vector<torch::optim::OptimizerParamGroup> forwarding_groups(
+    torch::optim::Optimizer& wrapped) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < wrapped.param_groups().size(); ++g) {
+    groups.emplace_back(
+        wrapped.param_groups()[g].params(),
+        std::make_unique<ForwardingOptions>(&wrapped, static_cast<int>(g)));
+  }
+  return groups;
+}
+
+std::string describe_tensor(const std::string& name, const at::Tensor& t) {
+  std::ostringstream os;
+  os << "'" << name << "' " << t.scalar_type() << t.sizes() << " on "
+     << t.device();
+  return os.str();
+}
+
+// Every rank's list of tensors must match rank 0's; otherwise every rank
+// raises the same error naming the first difference.
+void check_same_everywhere(const std::string& what,
+                           const std::vector<std::string>& lines) {
+  if (ronde::size() == 1) return;
+  std::string joined;
+  for (const auto& l : lines) joined += l + "\n";
+  at::Tensor mine = at::empty({static_cast<int64_t>(joined.size())}, at::kByte);
+  std::memcpy(mine.data_ptr(), joined.data(), joined.size());
+  // Lengths first (one row each), so the texts can be split apart.
+  at::Tensor lengths = ronde::allgather(
+      at::full({1}, static_cast<int64_t>(joined.size()), at::kLong),
+      CollectiveOptions().name(what + ".check"));
+  at::Tensor all = ronde::allgather(mine, CollectiveOptions().name(what + ".check"));
+  std::vector<std::vector<std::string>> per_rank;
+  int64_t offset = 0;
+  for (int r = 0; r < ronde::size(); ++r) {
+    int64_t len = lengths[r].item<int64_t>();
+    std::string text(static_cast<const char*>(all.data_ptr()) + offset, len);
+    offset += len;
+    std::vector<std::string> rows;
+    std::istringstream is(text);
+    for (std::string row; std::getline(is, row);) rows.push_back(row);
+    per_rank.push_back(std::move(rows));
+  }
+  for (int r = 1; r < ronde::size(); ++r) {
+    const auto& a = per_rank[0];
+    const auto& b = per_rank[r];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      std::string x = i < a.size() ? a[i] : "nothing";
+      std::string y = i < b.size() ? b[i] : "nothing";
+      TORCH_CHECK(x == y, "ronde: ", what, ": ranks disagree (seen on rank ",
+                  ronde::rank(), "): at position ", i, " rank 0 has ", x,
+                  " but rank ", r, " has ", y, " (rank 0 has ", a.size(),
+                  ", rank ", r, " has ", b.size(), " in all)");
+    }
+  }
+}
+
+std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+double resolve_fusion_mb(double option) {
+  if (option > 0) return option;
+  TORCH_CHECK(option == 0, "ronde: fusion_threshold_mb must be positive, got ",
+              option);
+  if (const char* v = std::getenv("RONDE_FUSION_THRESHOLD"); v && *v) {
+    char* end = nullptr;
+    double bytes = std::strtod(v, &end);
+    TORCH_CHECK(end != v && *end == '\0' && bytes > 0,
+                "ronde: RONDE_FUSION_THRESHOLD='", v,
+                "' is not a positive number of bytes");
+    return bytes / (1 << 20);
+  }
+  return kDefaultFusionThresholdMb;
+}
+
+}  // namespace
+
+class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
+ public:
+  GradientEngine(std::vector<std::string> names,
+                 std::vector<at::Tensor> params,
+                 const DistributedOptimizerOptions& o)
+      : options_(o), names_(std::move(names)) {
+    TORCH_CHECK(o.backward_passes_per_step() >= 1,
+                "ronde: backward_passes_per_step must be >= 1, got ",
+                o.backward_passes_per_step());
+    TORCH_CHECK(o.op() == ReduceOp::Average || o.op() == ReduceOp::Sum,
+                "ronde: DistributedOptimizer reduces with Average or Sum, got ",
+                to_string(o.op()));
+    TORCH_CHECK(o.gradient_predivide_factor() > 0,
+                "ronde: gradient_predivide_factor must be positive, got ",
+                o.gradient_predivide_factor());
+    TORCH_CHECK(o.first_bucket_mb() > 0, "ronde: first_bucket_mb must be "
+                "positive, got ", o.first_bucket_mb());
+    const double mb = resolve_fusion_mb(o.fusion_threshold_mb());
+    // Ready order: gradients arrive roughly in reverse registration order.
+    std::vector<size_t> bytes;
+    std::vector<std::string> keys;
+    for (size_t i = params.size(); i-- > 0;) {
+      Slot slot;
+      slot.param = params[i];
+      slot.index = i;
+      slots_.push_back(std::move(slot));
+      bytes.push_back(params[i].numel() * params[i].element_size());
+      std::ostringstream key;
+      key << params[i].scalar_type() << "@" << params[i].device();
+      keys.push_back(key.str());
+    }
+    auto assignment = assign_buckets(
+        bytes, keys, static_cast<size_t>(o.first_bucket_mb() * (1 << 20)),
+        static_cast<size_t>(mb * (1 << 20)));
+    for (auto& members : assignment) {
+      Bucket b;
+      int64_t numel = 0;
+      for (size_t s : members) numel += slots_[s].param.numel();
+      const at::Tensor& first = slots_[members.front()].param;
+      // One trailing element per parameter flags whether any rank produced
+      // its gradient: the same all-reduce tells who used it.
+      b.buffer = at::zeros({numel + static_cast<int64_t>(members.size())},
+                           first.options().requires_grad(false));
+      b.mask = b.buffer.narrow(0, numel, members.size());
+      int64_t offset = 0;
+      for (size_t pos = 0; pos < members.size(); ++pos) {
+        Slot& s = slots_[members[pos]];
+        s.bucket = buckets_.size();
+        s.pos = pos;
+        // An alias of the bucket's storage rather than an autograd view:
+        // LibTorch's zero_grad() calls detach_(), which views refuse.
+        s.view = at::empty({0}, b.buffer.options())
+                     .set_(b.buffer.storage(),
+                           b.buffer.storage_offset() + offset,
+                           s.param.sizes(), dense_strides(s.param.sizes()));
+        offset += s.param.numel();
+      }
+      b.slots = members;
+      buckets_.push_back(std::move(b));
+    }
+    reset();
+  }
+
+  // Hooks hold a weak pointer: an engine destroyed first leaves them inert,
+  // and the destructor removes them anyway.
+  void install_hooks() {
+    std::weak_ptr<GradientEngine> weak = shared_from_this();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+      TORCH_CHECK(s.accumulator, "ronde: no gradient accumulator for '",
+                  names_[s.index], "' (is it a leaf that requires grad?)");
+      s.hook_key = s.accumulator->add_post_hook(
+          std::make_unique<torch::autograd::utils::LambdaPostHook>(
+              [weak, i](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list&) {
+                if (auto engine = weak.lock()) engine->on_ready(i);
+                return outputs;
+              }));
+    }
+  }
+
+  ~GradientEngine() {
+    for (auto& s : slots_) {
+      if (s.accumulator) s.accumulator->del_post_hook(s.hook_key);
+    }
+    // Let in-flight all-reduces finish before their buffers go away.
+    for (auto& b : buckets_) {
+      if (b.launched) {
+        try {
+          b.handle.wait();
+        } catch (...) {
+        }
+      }
+    }
+  }
+
+  void on_ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Slot& s = slots_[i];
+    ++hooks_;
+    TORCH_CHECK(!synchronized_, "ronde: a gradient of '", names_[s.index],
+                "' arrived after synchronize() and before step() on rank ",
+                ronde::rank(), "; it would be lost");
+    ++s.passes;
+    const int64_t k = options_.backward_passes_per_step();
+    TORCH_CHECK(s.passes <= k, "ronde: '", names_[s.index], "' received ",
+                s.passes, " backward passes without step() on rank ",
+                ronde::rank(), ", but backward_passes_per_step is ", k);
+    if (s.passes < k) return;  // accumulate locally
+    pack(s);
+    Bucket& b = buckets_[s.bucket];
+    if (--b.pending == 0) launch_ready();
+  }
+
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (synchronized_) return;
+    const int64_t k = options_.backward_passes_per_step();
+    for (auto& s : slots_) {
+      TORCH_CHECK(s.passes == 0 || s.passes == k, "ronde: step() after ",
+                  s.passes, " backward passes on rank ", ronde::rank(),
+                  " (parameter '", names_[s.index],
+                  "'), but backward_passes_per_step is ", k,
+                  ": call step() after every ", k, " backward passes");
+    }
+    // Buckets holding parameters that got no gradient here launch now, in
+    // order, so every rank still runs every bucket.
+    while (next_launch_ < buckets_.size()) launch(next_launch_++);
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& b : buckets_) b.handle.wait();
+    profile_.wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    torch::NoGradGuard no_grad;
+    for (auto& b : buckets_) {
+      at::Tensor used = b.mask.to(at::kCPU, at::kFloat);
+      const float* u = used.data_ptr<float>();
+      for (size_t pos = 0; pos < b.slots.size(); ++pos) {
+        Slot& s = slots_[b.slots[pos]];
+        // Unused on every rank: leave .grad as zero_grad() left it, as one
+        // process would.
+        if (!(u[pos] > 0)) continue;
+        at::Tensor& grad = s.param.mutable_grad();
+        if (options_.gradient_as_bucket_view()) {
+          if (!grad.defined() || !grad.is_same(s.view)) grad = s.view;
+        } else if (grad.defined()) {
+          grad.copy_(s.view);
+        } else {
+          grad = s.view.clone();
+        }
+      }
+    }
+    synchronized_ = true;
+    verified_ = true;
+  }
+
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& s : slots_) s.passes = 0;
+    for (auto& b : buckets_) {
+      b.pending = b.slots.size();
+      b.launched = false;
+      b.handle = Handle();
+    }
+    next_launch_ = 0;
+    synchronized_ = false;
+    last_profile_ = profile_;
+    profile_ = StepProfile();
+    hooks_ = 0;
+  }
+
+  std::vector<std::vector<std::string>> bucket_names() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& b : buckets_) {
+      out.emplace_back();
+      for (size_t s : b.slots) out.back().push_back(names_[slots_[s].index]);
+    }
+    return out;
+  }
+
+  StepProfile last_profile() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return last_profile_;
+  }
+
+ private:
+  struct Slot {
+    at::Tensor param;
+    size_t index = 0;  // in the user's named_parameters
+    size_t bucket = 0;
+    size_t pos = 0;  // within the bucket
+    at::Tensor view;  // this parameter's segment of the bucket buffer
+    int64_t passes = 0;
+    c10::intrusive_ptr<torch::autograd::Node> accumulator;
+    uintptr_t hook_key = 0;
+  };
+  struct Bucket {
+    std::vector<size_t> slots;
+    at::Tensor buffer;
+    at::Tensor mask;
+    size_t pending = 0;
+    bool launched = false;
+    Handle handle;
+  };
+
+  // Moves a ready gradient into its bucket segment (a no-op when .grad
+  // already is that segment).
+  void pack(Slot& s) {
+    torch::NoGradGuard no_grad;
+    at::Tensor& grad = s.param.mutable_grad();
+    if (grad.defined() && grad.is_same(s.view)) return;
+    s.view.copy_(grad);
+    if (options_.gradient_as_bucket_view()) grad = s.view;
+  }
+
+  void launch_ready() {
+    while (next_launch_ < buckets_.size() &&
+           buckets_[next_launch_].pending == 0) {
+      launch(next_launch_++);
+    }
+  }
+
+  void launch(size_t bi) {
+    Bucket& b = buckets_[bi];
+    torch::NoGradGuard no_grad;
+    std::vector<float> used(b.slots.size());
+    for (size_t pos = 0; pos < b.slots.size(); ++pos) {
+      Slot& s = slots_[b.slots[pos]];
+      if (s.passes == 0) {
+        s.view.zero_();  // contributes nothing, whatever the buffer held
+      } else {
+        used[pos] = 1;
+      }
+    }
+    b.mask.copy_(at::from_blob(used.data(), {static_cast<int64_t>(used.size())},
+                               at::kFloat));
+    const double f = options_.gradient_predivide_factor();
+    double post = f;
+    const int64_t k = options_.backward_passes_per_step();
+    if (k > 1 && options_.average_aggregated_gradients()) post /= k;
+    profile_.hooks_before_launch.push_back(hooks_);
+    profile_.hooks = hooks_;
+    b.handle = allreduce_async_(
+        b.buffer, AllreduceOptions()
+                      .op(options_.op())
+                      .prescale_factor(1.0 / f)
+                      .postscale_factor(post)
+                      .name("ronde.bucket." + std::to_string(bi))
+                      // Bucket layouts were checked on the first step; later
+                      // steps skip the descriptor exchange.
+                      .verify(!verified_));
+    b.launched = true;
+  }
+
+  DistributedOptimizerOptions options_;
+  std::vector<std::string> names_;
+  mutable std::mutex mutex_;  // guards everything below against hooks
+  std::vector<Slot> slots_;    // in ready (reverse registration) order
+  std::vector<Bucket> buckets_;
+  size_t next_launch_ = 0;
+  bool synchronized_ = false;
+  bool verified_ = false;
+  int64_t hooks_ = 0;
+  StepProfile profile_;
+  StepProfile last_profile_;
+};
+
+}  // namespace detail
+
+DistributedOptimizer::DistributedOptimizer(
+    std::shared_ptr<torch::optim::Optimizer> optimizer,
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+    const DistributedOptimizerOptions& options)
+    : torch::optim::Optimizer(
+          detail::forwarding_groups(*optimizer),
+          std::make_unique<detail::ForwardingOptions>(optimizer.get(), -1)),
+      optimizer_(std::move(optimizer)),
+      options_(options) {
+  TORCH_CHECK(optimizer_ != nullptr, "ronde: DistributedOptimizer needs an "
+              "optimizer to wrap");
+  // Optimizer's constructor merges group options with the defaults and may
+  // keep a copy of the defaults instead: point each group at its twin again.
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    param_groups_[g].set_options(std::make_unique<detail::ForwardingOptions>(
+        optimizer_.get(), static_cast<int>(g)));
+  }
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<std::string> lines;
+  std::unordered_set<const void*> known;
+  for (const auto& item : named_parameters) {
+    if (!item.value().requires_grad()) continue;
+    names.push_back(item.key());
+    params.push_back(item.value());
+    known.insert(item.value().unsafeGetTensorImpl());
+    lines.push_back(detail::describe_tensor(item.key(), item.value()));
+  }
+  // A parameter the optimizer steps but nobody averages would let the
+  // replicas drift apart silently.
+  for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
+    for (const auto& p : optimizer_->param_groups()[g].params()) {
+      TORCH_CHECK(!p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
+                  "ronde: the wrapped optimizer's param group ", g,
+                  " holds a parameter ", p.scalar_type(), p.sizes(),
+                  " that is not among named_parameters; its gradient would "
+                  "never be averaged");
+    }
+  }
+  detail::check_same_everywhere("DistributedOptimizer parameters", lines);
+  engine_ = std::make_shared<detail::GradientEngine>(names, params, options_);
+  engine_->install_hooks();
+}
+
+DistributedOptimizer::~DistributedOptimizer() = default;
+
+void DistributedOptimizer::synchronize() {
+  engine_->synchronize();
+}
+
+torch::Tensor DistributedOptimizer::step(LossClosure closure) {
+  if (!closure) {
+    engine_->synchronize();
+    torch::Tensor out = optimizer_->step();
+    engine_->reset();
+    return out;
+  }
+  TORCH_CHECK(options_.backward_passes_per_step() == 1,
+              "ronde: step(closure) evaluates the closure itself; use "
+              "backward_passes_per_step = 1 with it");
+  // Each evaluation is one synchronised backward pass, and its loss the
+  // mean over ranks: line searches then decide alike on every rank.
+  auto synced = [&]() -> torch::Tensor {
+    engine_->reset();
+    torch::Tensor loss = closure();
+    engine_->synchronize();
+    if (!loss.defined()) return loss;
+    return ronde::allreduce(loss.detach(), AllreduceOptions().name(
+                                               "ronde.closure_loss"));
+  };
+  torch::Tensor out = optimizer_->step(synced);
+  engine_->reset();
+  return out;
+}
+
+void DistributedOptimizer::zero_grad(bool set_to_none) {
+  optimizer_->zero_grad(set_to_none);
+}
+
+void DistributedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  optimizer_->save(archive);
+}
+
+void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
+  optimizer_->load(archive);
+}
+
+std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
+  return engine_->bucket_names();
+}
+
+StepProfile DistributedOptimizer::last_step_profile() const {
+  return engine_->last_profile();
+}
+
+void broadcast_parameters(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_tensors,
+    int root_rank) {
+  std::vector<std::string> lines;
+  for (const auto& item : named_tensors) {
+    lines.push_back(detail::describe_tensor(item.key(), item.value()));
+  }
+  detail::check_same_everywhere("broadcast_parameters", lines);
+  torch::NoGradGuard no_grad;
+  // One broadcast per dtype and device, in first-seen order.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<at::Tensor>> groups;
+  for (const auto& item : named_tensors) {
+    std::ostringstream key;
+    key << item.value().scalar_type() << "@" << item.value().device();
+    if (!groups.count(key.str())) order.push_back(key.str());
+    groups[key.str()].push_back(item.value());
+  }
+  for (const auto& key : order) {
+    auto& tensors = groups[key];
+    std::vector<at::Tensor> flat;
+    for (auto& t : tensors) flat.push_back(t.reshape({-1}));
+    at::Tensor buffer = at::cat(flat);
+    broadcast_(buffer, root_rank,
+               CollectiveOptions().name("ronde.broadcast_parameters." + key));
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer,
+                               int root_rank) {
+  std::string bytes;
+  if (ronde::rank() == root_rank) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    bytes = os.str();
+  }
+  at::Tensor len = ronde::broadcast(
+      at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong), root_rank,
+      CollectiveOptions().name("ronde.optimizer_state.size"));
+  at::Tensor data = at::empty({len.item<int64_t>()}, at::kByte);
+  if (ronde::rank() == root_rank) {
+    std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  }
+  broadcast_(data, root_rank,
+             CollectiveOptions().name("ronde.optimizer_state"));
+  if (ronde::rank() != root_rank) {
+    std::istringstream is(std::string(static_cast<const char*>(data.data_ptr()),
+                                      data.numel()));
+    torch::serialize::InputArchive archive;
+    archive.load_from(is);
+    optimizer.load(archive);
+  }
+}
+
+}  // namespace ronde

@@ -1,0 +1,72 @@
+// DistributedOptimizer across real processes: every optimizer, and the
+// variants (gradient accumulation, an unused parameter, two param groups, a
+// LibTorch LR scheduler, copies instead of views, many small buckets), each
+// equal to one process training on the whole global batch.
+#include "harness.h"
+
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+using ronde::testing::JobResult;
+using ronde::testing::JobSpec;
+using ronde::testing::run_job;
+using ronde::testing::worker_path;
+
+namespace {
+
+JobResult run_optim(int np, const std::string& optimizer,
+                    const std::string& variant) {
+  JobSpec s;
+  s.argv = {worker_path(), "optim", optimizer, variant};
+  s.np = np;
+  return run_job(s);
+}
+
+using Case = std::tuple<int, std::string, std::string>;
+
+class OptimizerEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OptimizerEquivalence, MatchesSingleProcessTraining) {
+  auto [np, optimizer, variant] = GetParam();
+  JobResult r = run_optim(np, optimizer, variant);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::get<1>(info.param) + "_" + std::get<2>(info.param) + "_np" +
+         std::to_string(std::get<0>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, OptimizerEquivalence,
+    ::testing::Combine(::testing::Values(2, 4),
+                       ::testing::Values("sgd", "sgd_nesterov", "adam", "adamw",
+                                         "rmsprop", "adagrad", "lbfgs", "custom"),
+                       ::testing::Values("plain")),
+    case_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, OptimizerEquivalence,
+    ::testing::Combine(::testing::Values(2, 4), ::testing::Values("sgd", "adam"),
+                       ::testing::Values("bpps2", "unused", "groups", "steplr",
+                                         "copy", "smallbuckets", "keepgrad")),
+    case_name);
+
+TEST(DistributedOptimizer, ErrorsReachEveryRank) {
+  JobSpec s;
+  s.argv = {worker_path(), "optim_errors"};
+  s.np = 2;
+  JobResult r = run_job(s);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+TEST(DistributedOptimizer, BucketsLaunchDuringBackwardAndHooksAreReleased) {
+  JobSpec s;
+  s.argv = {worker_path(), "optim_overlap"};
+  s.np = 2;
+  JobResult r = run_job(s);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+}  // namespace

@@ -1,0 +1,352 @@
+// DistributedOptimizer scenarios for the multirank worker. Each trains the
+// same small model twice: once distributed (every rank on its shard of the
+// global batch) and once as a single process on the whole global batch, in
+// the same program, and compares the parameters after 20 steps.
+#include <ronde/ronde.h>
+
+#include <torch/torch.h>
+
+#include <iostream>
+#include <map>
+#include <string>
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK_W(cond, ...)                                                \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      ++g_failures;                                                       \
+      std::cout << "FAILED on rank " << ronde::rank() << " at line "      \
+                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
+                << std::endl;                                             \
+    }                                                                     \
+  } while (0)
+
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(bool use_extra) : use_extra_(use_extra) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
+    extra = register_module("extra", torch::nn::Linear(16, 16));
+    fc3 = register_module("fc3", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::tanh(fc1->forward(x));
+    x = torch::tanh(fc2->forward(x));
+    if (use_extra_) x = torch::tanh(extra->forward(x));
+    return fc3->forward(x);
+  }
+  bool use_extra_;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, extra{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_net(bool use_extra) {
+  torch::manual_seed(42);
+  Net net(use_extra);
+  net->to(torch::kDouble);
+  return net;
+}
+
+// A user-defined optimizer: plain SGD written against the Optimizer API.
+struct PlainSgdOptions : torch::optim::OptimizerCloneableOptions<PlainSgdOptions> {
+  explicit PlainSgdOptions(double lr) : lr_(lr) {}
+  TORCH_ARG(double, lr);
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+};
+
+class PlainSgd : public torch::optim::Optimizer {
+ public:
+  PlainSgd(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+           PlainSgdOptions defaults)
+      : Optimizer(groups, std::make_unique<PlainSgdOptions>(defaults)) {}
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss;
+    if (closure) loss = closure();
+    for (auto& group : param_groups()) {
+      double lr = group.options().get_lr();
+      for (auto& p : group.params()) {
+        if (p.grad().defined()) p.add_(p.grad(), -lr);
+      }
+    }
+    return loss;
+  }
+};
+
+using Groups = std::vector<torch::optim::OptimizerParamGroup>;
+
+// Two groups when asked: the first two layers at a different rate.
+Groups make_groups(Net& net, bool two_groups, double lr_first) {
+  if (!two_groups) return {torch::optim::OptimizerParamGroup(net->parameters())};
+  std::vector<torch::Tensor> first, rest;
+  for (auto& item : net->named_parameters()) {
+    (item.key().rfind("fc1", 0) == 0 || item.key().rfind("fc2", 0) == 0
+         ? first : rest).push_back(item.value());
+  }
+  (void)lr_first;
+  return {torch::optim::OptimizerParamGroup(first),
+          torch::optim::OptimizerParamGroup(rest)};
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
+                                                        Net& net,
+                                                        bool two_groups) {
+  Groups groups = make_groups(net, two_groups, 0);
+  std::shared_ptr<torch::optim::Optimizer> opt;
+  if (name == "sgd") {
+    opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.05).momentum(0.9));
+  } else if (name == "sgd_nesterov") {
+    opt = std::make_shared<torch::optim::SGD>(
+        groups, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3));
+  } else if (name == "adam") {
+    opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(1e-2));
+  } else if (name == "adamw") {
+    opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  } else if (name == "rmsprop") {
+    opt = std::make_shared<torch::optim::RMSprop>(groups, torch::optim::RMSpropOptions(1e-3).momentum(0.5));
+  } else if (name == "adagrad") {
+    opt = std::make_shared<torch::optim::Adagrad>(groups, torch::optim::AdagradOptions(0.05));
+  } else if (name == "lbfgs") {
+    opt = std::make_shared<torch::optim::LBFGS>(groups, torch::optim::LBFGSOptions(0.5).max_iter(4));
+  } else if (name == "custom") {
+    opt = std::make_shared<PlainSgd>(groups, PlainSgdOptions(0.1));
+  } else {
+    TORCH_CHECK(false, "unknown optimizer ", name);
+  }
+  if (two_groups) opt->param_groups()[0].options().set_lr(
+      opt->param_groups()[0].options().get_lr() * 0.5);
+  return opt;
+}
+
+torch::Tensor params_flat(Net& net) {
+  std::vector<torch::Tensor> v;
+  for (auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}));
+  return torch::cat(v);
+}
+
+int scenario_optim(const std::string& name, const std::string& variant) {
+  ronde::init();
+  const int n = ronde::size(), r = ronde::rank();
+  const bool bpps2 = variant == "bpps2";
+  const bool unused = variant == "unused";
+  const bool two_groups = variant == "groups";
+  const bool steplr = variant == "steplr";
+  const int64_t k = bpps2 ? 2 : 1;
+  const int64_t b = 4;  // rows per rank per backward pass
+  const int64_t global = n * k * b;
+  const int steps = 20;
+  torch::manual_seed(7);
+  torch::Tensor X = torch::randn({global, 8}, torch::kDouble);
+  torch::Tensor Y = torch::randn({global, 4}, torch::kDouble);
+  const bool closure_style = name == "lbfgs";
+
+  // The reference: one process, the whole global batch each step.
+  Net ref = make_net(!unused);
+  auto ref_opt = make_optimizer(name, ref, two_groups);
+  std::unique_ptr<torch::optim::StepLR> ref_sched;
+  if (steplr) ref_sched = std::make_unique<torch::optim::StepLR>(*ref_opt, 5, 0.5);
+  for (int s = 0; s < steps; ++s) {
+    auto closure = [&] {
+      ref_opt->zero_grad();
+      auto loss = torch::mse_loss(ref->forward(X), Y);
+      loss.backward();
+      return loss;
+    };
+    if (closure_style) {
+      ref_opt->step(closure);
+    } else {
+      closure();
+      ref_opt->step();
+    }
+    if (ref_sched) ref_sched->step();
+  }
+
+  // Distributed: ranks start from different weights; broadcast fixes that.
+  Net net = make_net(!unused);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : net->parameters()) p.add_(r);
+  }
+  ronde::broadcast_parameters(net->named_parameters(), 0);
+  auto base = make_optimizer(name, net, two_groups);
+  ronde::DistributedOptimizer opt(
+      base, net->named_parameters(),
+      ronde::DistributedOptimizerOptions()
+          .backward_passes_per_step(k)
+          .gradient_as_bucket_view(variant != "copy")
+          // Small buckets: several per step, mixed launch order.
+          .fusion_threshold_mb(variant == "smallbuckets" ? 0.001 : 0)
+          .first_bucket_mb(variant == "smallbuckets" ? 0.0005 : 1));
+  ronde::broadcast_optimizer_state(opt, 0);
+  std::unique_ptr<torch::optim::StepLR> sched;
+  // Attached to the DistributedOptimizer: it must reach the wrapped groups.
+  if (steplr) sched = std::make_unique<torch::optim::StepLR>(opt, 5, 0.5);
+  for (int s = 0; s < steps; ++s) {
+    if (closure_style) {
+      opt.step([&] {
+        opt.zero_grad();
+        auto x = X.narrow(0, r * b, b);
+        auto y = Y.narrow(0, r * b, b);
+        auto loss = torch::mse_loss(net->forward(x), y);
+        loss.backward();
+        return loss;
+      });
+    } else {
+      opt.zero_grad(variant == "keepgrad" ? false : true);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t row = (j * n + r) * b;
+        auto loss = torch::mse_loss(net->forward(X.narrow(0, row, b)),
+                                    Y.narrow(0, row, b));
+        loss.backward();
+      }
+      opt.step();
+    }
+    if (sched) sched->step();
+  }
+  if (steplr) {
+    // 20 steps, halved every 5: four times.
+    const double start = ref_opt->param_groups()[0].options().get_lr() * 16;
+    CHECK_W(std::abs(base->param_groups()[0].options().get_lr() - start / 16) < 1e-12 &&
+            std::abs(opt.param_groups()[0].options().get_lr() - start / 16) < 1e-12 &&
+            start > 0.009,
+            "StepLR did not reach the wrapped optimizer: ",
+            base->param_groups()[0].options().get_lr());
+  }
+  auto mine = params_flat(net);
+  auto want = params_flat(ref);
+  CHECK_W(torch::allclose(mine, want, 1e-5, 1e-8),
+          name, "/", variant, " differs from the single-process reference: max abs diff ",
+          (mine - want).abs().max().item<double>());
+  if (unused) {
+    // Never used: its weights never moved (and its grad stayed undefined).
+    CHECK_W(!net->extra->weight.grad().defined() || name == "custom",
+            "unused parameter got a gradient");
+  }
+  // Replicas identical, bit for bit.
+  auto all = ronde::allgather(mine.unsqueeze(0));
+  for (int q = 1; q < n; ++q) {
+    CHECK_W(torch::equal(all[q], all[0]), "rank ", q, " differs from rank 0");
+  }
+  std::cout << "buckets: " << opt.buckets().size() << std::endl;
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+void expect_error(const std::function<void()>& fn,
+                  const std::vector<std::string>& needles) {
+  try {
+    fn();
+    CHECK_W(false, "expected an error containing '", needles[0], "'");
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::cout << "ERROR_SEEN: " << msg << std::endl;
+    for (const auto& needle : needles) {
+      CHECK_W(msg.find(needle) != std::string::npos, "message lacks '", needle,
+              "': ", msg);
+    }
+  }
+}
+
+int scenario_optim_errors() {
+  ronde::init();
+  const int r = ronde::rank();
+  // A model that differs on the last rank.
+  {
+    torch::nn::Sequential model(torch::nn::Linear(4, r == ronde::size() - 1 ? 5 : 6));
+    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(0.1));
+    expect_error([&] { ronde::DistributedOptimizer opt(base, model->named_parameters()); },
+                 {"ranks disagree", "'0.weight'", "[6, 4]", "[5, 4]"});
+  }
+  // step() after 1 of 2 backward passes.
+  {
+    torch::nn::Linear model(4, 2);
+    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(0.1));
+    ronde::DistributedOptimizer opt(
+        base, model->named_parameters(),
+        ronde::DistributedOptimizerOptions().backward_passes_per_step(2));
+    model->forward(torch::ones({3, 4})).sum().backward();
+    expect_error([&] { opt.step(); }, {"after 1 backward passes",
+                                       "backward_passes_per_step is 2"});
+  }
+  // A parameter the optimizer steps but that was not handed over.
+  {
+    torch::nn::Linear model(4, 2);
+    auto extra = torch::zeros({3}, torch::requires_grad());
+    std::vector<torch::Tensor> params = model->parameters();
+    params.push_back(extra);
+    auto base = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+    expect_error([&] { ronde::DistributedOptimizer opt(base, model->named_parameters()); },
+                 {"not among named_parameters"});
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Buckets launch while backward still runs; a second optimizer over the
+// same parameters works once the first is gone.
+int scenario_optim_overlap() {
+  ronde::init();
+  torch::manual_seed(1);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 8; ++i) model->push_back(torch::nn::Linear(256, 256));
+  ronde::broadcast_parameters(model->named_parameters(), 0);
+  auto run_steps = [&](ronde::DistributedOptimizer& opt, int steps) {
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      model->forward(torch::randn({32, 256})).pow(2).mean().backward();
+      opt.step();
+    }
+  };
+  {
+    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(0.01));
+    ronde::DistributedOptimizer opt(base, model->named_parameters(),
+                                    ronde::DistributedOptimizerOptions()
+                                        .fusion_threshold_mb(0.3)
+                                        .first_bucket_mb(0.25));
+    run_steps(opt, 3);
+    auto p = opt.last_step_profile();
+    CHECK_W(opt.buckets().size() > 2, "expected several buckets, got ", opt.buckets().size());
+    CHECK_W(p.hooks == 16, "hooks ", p.hooks);
+    CHECK_W(!p.hooks_before_launch.empty() && p.hooks_before_launch[0] < p.hooks,
+            "first bucket launched only after backward finished: ",
+            p.hooks_before_launch.empty() ? -1 : p.hooks_before_launch[0], " of ", p.hooks);
+    std::cout << "first bucket launched after " << p.hooks_before_launch[0] << " of "
+              << p.hooks << " gradients" << std::endl;
+  }
+  {
+    // The first optimizer's hooks are gone: a second one over the same
+    // parameters trains and keeps replicas identical.
+    auto base = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                     torch::optim::AdamOptions(1e-3));
+    ronde::DistributedOptimizer opt(base, model->named_parameters());
+    torch::manual_seed(100 + ronde::rank());  // different data per rank
+    run_steps(opt, 3);
+    std::vector<torch::Tensor> flat;
+    for (auto& q : model->parameters()) flat.push_back(q.detach().reshape({-1}));
+    auto all = ronde::allgather(torch::cat(flat).unsqueeze(0));
+    for (int q = 1; q < ronde::size(); ++q) {
+      CHECK_W(torch::equal(all[q], all[0]), "replica ", q, " differs");
+    }
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+// Returns -1 for a name that is not an optimizer scenario.
+int run_optim_scenario(int argc, char** argv) {
+  std::string name = argc > 1 ? argv[1] : "";
+  if (name == "optim") {
+    return scenario_optim(argc > 2 ? argv[2] : "sgd", argc > 3 ? argv[3] : "plain");
+  }
+  if (name == "optim_errors") return scenario_optim_errors();
+  if (name == "optim_overlap") return scenario_optim_overlap();
+  return -1;
+}
