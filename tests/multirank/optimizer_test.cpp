@@ -69,4 +69,26 @@ TEST(DistributedOptimizer, BucketsLaunchDuringBackwardAndHooksAreReleased) {
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
+class TrainingAids : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// GradScaler overflow on one rank, compression error bounds, LR scaling
+// without compounding, sampler shards.
+TEST_P(TrainingAids, HoldOnEveryRank) {
+  auto [scenario, np] = GetParam();
+  JobSpec s;
+  s.argv = {worker_path(), scenario};
+  s.np = np;
+  JobResult r = run_job(s);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scenarios, TrainingAids,
+    ::testing::Combine(::testing::Values("amp_overflow", "compression",
+                                         "lr_scaling", "sampler"),
+                       ::testing::Values(2, 4)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
+      return std::get<0>(info.param) + "_np" + std::to_string(std::get<1>(info.param));
+    });
+
 }  // namespace

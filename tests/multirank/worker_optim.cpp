@@ -338,6 +338,156 @@ int scenario_optim_overlap() {
   return g_failures == 0 ? 0 : 1;
 }
 
+// An inf in one rank's gradient: every rank skips the same step, backs off
+// the scale, and the replicas stay bitwise identical.
+int scenario_amp_overflow() {
+  ronde::init();
+  const int n = ronde::size(), r = ronde::rank();
+  torch::manual_seed(5);
+  torch::Tensor X = torch::randn({n * 4, 8});
+  torch::Tensor Y = torch::randn({n * 4, 4});
+  torch::manual_seed(11);
+  torch::nn::Linear model(8, 4);
+  ronde::broadcast_parameters(model->named_parameters(), 0);
+  auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                  torch::optim::SGDOptions(0.1));
+  ronde::DistributedOptimizer opt(base, model->named_parameters());
+  ronde::GradScaler scaler(ronde::GradScalerOptions().init_scale(1024).growth_interval(3));
+  const int bad_step = 2;
+  std::vector<double> want = {1024, 1024, 512, 512, 512, 1024};
+  for (int s = 0; s < 6; ++s) {
+    opt.zero_grad();
+    auto before = torch::cat({model->weight.detach().reshape({-1}), model->bias.detach()});
+    auto loss = torch::mse_loss(model->forward(X.narrow(0, r * 4, 4)), Y.narrow(0, r * 4, 4));
+    // Only the last rank overflows.
+    if (s == bad_step && r == n - 1) loss = loss * std::numeric_limits<float>::infinity();
+    scaler.scale(loss).backward();
+    bool stepped = scaler.step(opt);
+    scaler.update();
+    CHECK_W(stepped == (s != bad_step), "step ", s, " stepped=", stepped);
+    CHECK_W(scaler.get_scale() == want[s], "scale after step ", s, ": ", scaler.get_scale());
+    auto after = torch::cat({model->weight.detach().reshape({-1}), model->bias.detach()});
+    if (s == bad_step) CHECK_W(torch::equal(before, after), "skipped step moved parameters");
+    auto all = ronde::allgather(after.unsqueeze(0));
+    for (int q = 1; q < n; ++q) {
+      CHECK_W(torch::equal(all[q], all[0]), "replica ", q, " differs after step ", s);
+    }
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Averaged gradients through 16-bit wire formats stay within the format's
+// rounding of the exact average.
+int scenario_compression() {
+  ronde::init();
+  const int n = ronde::size(), r = ronde::rank();
+  for (auto c : {ronde::Compression::FP16, ronde::Compression::BF16}) {
+    torch::manual_seed(21);
+    torch::nn::Linear model(64, 32);
+    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(0.1));
+    ronde::DistributedOptimizer opt(base, model->named_parameters(),
+                                    ronde::DistributedOptimizerOptions().compression(c));
+    auto x_of = [](int q) {
+      torch::manual_seed(100 + q);
+      return torch::randn({16, 64});
+    };
+    opt.zero_grad();
+    model->forward(x_of(r)).pow(2).mean().backward();
+    opt.synchronize();
+    auto got = model->weight.grad().clone();
+    // The exact average, from every rank's input, in double.
+    torch::Tensor exact = torch::zeros({32, 64}, torch::kDouble);
+    for (int q = 0; q < n; ++q) {
+      auto w = model->weight.detach().to(torch::kDouble).requires_grad_();
+      auto b = model->bias.detach().to(torch::kDouble);
+      auto out = torch::addmm(b, x_of(q).to(torch::kDouble), w.t());
+      auto g = torch::autograd::grad({out.pow(2).mean()}, {w})[0];
+      exact += g / n;
+    }
+    double scale = exact.abs().max().item<double>();
+    double err = (got.to(torch::kDouble) - exact).abs().max().item<double>() / scale;
+    // One rounding to the wire format per rank, sums of n terms, one more on
+    // the way back: n + 2 units of the format's epsilon, relative to the
+    // largest gradient.
+    double eps = c == ronde::Compression::FP16 ? std::pow(2, -11) : std::pow(2, -8);
+    CHECK_W(err <= (n + 2) * eps, "compression error ", err, " exceeds ", (n + 2) * eps);
+    CHECK_W(err > 0, "compression changed nothing: not on the wire?");
+    std::cout << "compression " << (c == ronde::Compression::FP16 ? "fp16" : "bf16")
+              << " max relative error " << err << std::endl;
+    opt.step();
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// LR scaling at construction, never compounding.
+int scenario_lr_scaling() {
+  ronde::init();
+  const int n = ronde::size();
+  torch::nn::Linear model(4, 2);
+  auto lr_of = [](torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); };
+  auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
+                                                  torch::optim::SGDOptions(0.1));
+  {
+    ronde::DistributedOptimizer opt(base, model->named_parameters(),
+        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Linear));
+    CHECK_W(std::abs(lr_of(*base) - 0.1 * n) < 1e-12, "linear: ", lr_of(*base));
+    CHECK_W(std::abs(lr_of(opt) - 0.1 * n) < 1e-12, "seen through the wrapper: ", lr_of(opt));
+    // Warmup from the base LR to the scaled LR, multiplier read from opt.
+    ronde::WarmupScheduler sched(opt, ronde::WarmupOptions().warmup_steps(4));
+    CHECK_W(std::abs(lr_of(*base) - 0.1) < 1e-12, "warmup starts at the base LR: ", lr_of(*base));
+    for (int i = 0; i < 4; ++i) sched.step();
+    CHECK_W(std::abs(lr_of(*base) - 0.1 * n) < 1e-12, "warmup ends at the scaled LR");
+  }
+  {
+    // Wrapped a second time: still base x n, not base x n x n.
+    ronde::DistributedOptimizer opt(base, model->named_parameters(),
+        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Linear)
+            .backward_passes_per_step(2));
+    CHECK_W(std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12, "rewrapped: ", lr_of(*base));
+    torch::serialize::OutputArchive out;
+    opt.save(out);
+    std::stringstream ss;
+    out.save_to(ss);
+    torch::serialize::InputArchive in;
+    in.load_from(ss);
+    opt.load(in);
+    CHECK_W(std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12, "after load: ", lr_of(*base));
+  }
+  {
+    auto fresh = std::make_shared<torch::optim::Adam>(model->parameters(),
+                                                      torch::optim::AdamOptions(0.01));
+    ronde::DistributedOptimizer opt(fresh, model->named_parameters(),
+        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Sqrt));
+    CHECK_W(std::abs(lr_of(*fresh) - 0.01 * std::sqrt(n)) < 1e-12, "sqrt: ", lr_of(*fresh));
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Each rank's shard is disjoint from the others' and all of them together
+// are the dataset.
+int scenario_sampler() {
+  ronde::init();
+  const int n = ronde::size();
+  for (int64_t epoch : {0, 1}) {
+    ronde::DistributedSampler sampler(1001, ronde::DistributedSamplerOptions().seed(9));
+    sampler.set_epoch(epoch);
+    std::vector<int64_t> mine;
+    while (auto b = sampler.next(64)) mine.insert(mine.end(), b->begin(), b->end());
+    auto all = ronde::allgather(torch::tensor(mine).unsqueeze(0));  // same length everywhere
+    CHECK_W(all.size(0) == n, "ranks read different amounts");
+    auto flat = all.reshape({-1});
+    auto unique = std::get<0>(torch::_unique(flat));
+    CHECK_W(unique.numel() == 1001, "union covers ", unique.numel(), " of 1001");
+    CHECK_W(flat.numel() == ((1001 + n - 1) / n) * n, "padded to a multiple of ranks");
+  }
+  ronde::shutdown();
+  return g_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 // Returns -1 for a name that is not an optimizer scenario.
@@ -348,5 +498,9 @@ int run_optim_scenario(int argc, char** argv) {
   }
   if (name == "optim_errors") return scenario_optim_errors();
   if (name == "optim_overlap") return scenario_optim_overlap();
+  if (name == "amp_overflow") return scenario_amp_overflow();
+  if (name == "compression") return scenario_compression();
+  if (name == "lr_scaling") return scenario_lr_scaling();
+  if (name == "sampler") return scenario_sampler();
   return -1;
 }

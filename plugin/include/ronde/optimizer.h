@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ronde/collectives.h>
+#include <ronde/schedule.h>
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -18,6 +19,11 @@ namespace ronde {
 namespace detail {
 class GradientEngine;
 }
+
+// What travels on the wire: buckets of float32/float64 gradients can be cast
+// to 16 bits for the all-reduce and back after it, halving the bytes at the
+// cost of rounding (about 3 decimal digits for FP16, 2 for BF16).
+enum class Compression { None, FP16, BF16 };
 
 struct DistributedOptimizerOptions {
   // Bucket size in MiB: gradients are packed into buckets of about this size
@@ -43,6 +49,12 @@ struct DistributedOptimizerOptions {
   // Make each parameter's .grad a view into its bucket, so packing costs no
   // copy. Off: gradients are copied into and out of the buckets.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  // Multiply every param group's LR at construction by the number of
+  // replicas x backward_passes_per_step (Linear) or its square root (Sqrt).
+  // The base LR is remembered: wrapping the same optimizer again, or
+  // loading state through this object, never compounds the scaling.
+  TORCH_ARG(LrScaling, lr_scaling) = LrScaling::None;
+  TORCH_ARG(Compression, compression) = Compression::None;
 };
 
 // The default bucket size, from benchmarks/fusion_bench on 2 CPU ranks (see
@@ -84,6 +96,16 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   // views (no copy in the next backward); the default (set_to_none) makes
   // the next backward copy each gradient into its bucket once.
   void zero_grad(bool set_to_none = true);
+  // Ends the step without updating the parameters (what GradScaler does
+  // after an overflow): still completes this step's all-reduces, so every
+  // rank stays in step.
+  void skip_step();
+  // The tensors holding this step's averaged gradients after synchronize():
+  // the bucket buffers when gradients are bucket views, else the gradients.
+  std::vector<torch::Tensor> gradient_buffers() const;
+  // The factor lr_scaling applied to the base LRs (1 without scaling).
+  double lr_scale_factor() const { return lr_scale_factor_; }
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
@@ -100,6 +122,8 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   DistributedOptimizerOptions options_;
   std::shared_ptr<detail::GradientEngine> engine_;
+  double lr_scale_factor_ = 1.0;
+  std::vector<double> base_lrs_;
 };
 
 // Copies root_rank's values into every rank's tensors (parameters, buffers),

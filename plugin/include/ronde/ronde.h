@@ -1,8 +1,11 @@
 // The whole public API of ronde in one include.
 #pragma once
 
+#include <ronde/amp.h>
 #include <ronde/collectives.h>
+#include <ronde/data.h>
 #include <ronde/errors.h>
 #include <ronde/optimizer.h>
 #include <ronde/runtime.h>
+#include <ronde/schedule.h>
 #include <ronde/version.h>

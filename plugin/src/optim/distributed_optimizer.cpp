@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
@@ -119,6 +120,47 @@ std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
     stride *= std::max<int64_t>(sizes[i], 1);
   }
   return strides;
+}
+
+// Base LRs of every optimizer a DistributedOptimizer scaled, so wrapping it
+// again starts from the base, not from the already scaled LR.
+struct BaseLrRegistry {
+  std::mutex mutex;
+  std::map<const torch::optim::Optimizer*,
+           std::pair<std::weak_ptr<torch::optim::Optimizer>, std::vector<double>>>
+      entries;
+};
+
+BaseLrRegistry& base_lr_registry() {
+  static BaseLrRegistry registry;
+  return registry;
+}
+
+std::vector<double> remember_base_lrs(
+    const std::shared_ptr<torch::optim::Optimizer>& opt) {
+  auto& reg = base_lr_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.entries.find(opt.get());
+  // A dead optimizer's address may be reused: only a live match counts.
+  if (it != reg.entries.end() && it->second.first.lock() == opt &&
+      it->second.second.size() == opt->param_groups().size()) {
+    return it->second.second;
+  }
+  std::vector<double> lrs;
+  for (auto& g : opt->param_groups()) lrs.push_back(g.options().get_lr());
+  reg.entries[opt.get()] = {opt, lrs};
+  return lrs;
+}
+
+void set_base_lrs(const std::shared_ptr<torch::optim::Optimizer>& opt,
+                  const std::vector<double>& lrs) {
+  auto& reg = base_lr_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  reg.entries[opt.get()] = {opt, lrs};
+}
+
+at::ScalarType wire_dtype(Compression c) {
+  return c == Compression::FP16 ? at::kHalf : at::kBFloat16;
 }
 
 double resolve_fusion_mb(double option) {
@@ -268,7 +310,10 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     // order, so every rank still runs every bucket.
     while (next_launch_ < buckets_.size()) launch(next_launch_++);
     auto t0 = std::chrono::steady_clock::now();
-    for (auto& b : buckets_) b.handle.wait();
+    for (auto& b : buckets_) {
+      b.handle.wait();
+      if (b.wire.defined()) b.buffer.copy_(b.wire);
+    }
     profile_.wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -319,6 +364,19 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     return out;
   }
 
+  std::vector<at::Tensor> gradient_buffers() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<at::Tensor> out;
+    if (options_.gradient_as_bucket_view()) {
+      for (const auto& b : buckets_) out.push_back(b.buffer);
+    } else {
+      for (const auto& s : slots_) {
+        if (s.param.grad().defined()) out.push_back(s.param.grad());
+      }
+    }
+    return out;
+  }
+
   StepProfile last_profile() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return last_profile_;
@@ -339,6 +397,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::vector<size_t> slots;
     at::Tensor buffer;
     at::Tensor mask;
+    at::Tensor wire;  // the 16-bit copy sent when compressing
     size_t pending = 0;
     bool launched = false;
     Handle handle;
@@ -381,8 +440,17 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     if (k > 1 && options_.average_aggregated_gradients()) post /= k;
     profile_.hooks_before_launch.push_back(hooks_);
     profile_.hooks = hooks_;
+    at::Tensor target = b.buffer;
+    if (options_.compression() != Compression::None &&
+        (b.buffer.scalar_type() == at::kFloat ||
+         b.buffer.scalar_type() == at::kDouble)) {
+      b.wire = b.buffer.to(wire_dtype(options_.compression()));
+      target = b.wire;
+    } else {
+      b.wire = at::Tensor();
+    }
     b.handle = allreduce_async_(
-        b.buffer, AllreduceOptions()
+        target, AllreduceOptions()
                       .op(options_.op())
                       .prescale_factor(1.0 / f)
                       .postscale_factor(post)
@@ -450,6 +518,22 @@ DistributedOptimizer::DistributedOptimizer(
   detail::check_same_everywhere("DistributedOptimizer parameters", lines);
   engine_ = std::make_shared<detail::GradientEngine>(names, params, options_);
   engine_->install_hooks();
+  lr_scale_factor_ = ronde::lr_scale_factor(
+      options_.lr_scaling(), ronde::size(), options_.backward_passes_per_step());
+  base_lrs_ = detail::remember_base_lrs(optimizer_);
+  for (size_t g = 0; g < base_lrs_.size(); ++g) {
+    optimizer_->param_groups()[g].options().set_lr(base_lrs_[g] *
+                                                   lr_scale_factor_);
+  }
+}
+
+void DistributedOptimizer::skip_step() {
+  engine_->synchronize();
+  engine_->reset();
+}
+
+std::vector<torch::Tensor> DistributedOptimizer::gradient_buffers() const {
+  return engine_->gradient_buffers();
 }
 
 DistributedOptimizer::~DistributedOptimizer() = default;
@@ -489,10 +573,21 @@ void DistributedOptimizer::zero_grad(bool set_to_none) {
 
 void DistributedOptimizer::save(torch::serialize::OutputArchive& archive) const {
   optimizer_->save(archive);
+  archive.write("ronde_base_lrs", at::tensor(base_lrs_, at::kDouble));
 }
 
 void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
+  // The saved LRs are already scaled: they are restored as they are, and the
+  // saved base LRs keep any later wrapping from scaling them again.
   optimizer_->load(archive);
+  at::Tensor base;
+  if (archive.try_read("ronde_base_lrs", base) &&
+      base.numel() == static_cast<int64_t>(base_lrs_.size())) {
+    for (size_t g = 0; g < base_lrs_.size(); ++g) {
+      base_lrs_[g] = base[g].item<double>();
+    }
+    detail::set_base_lrs(optimizer_, base_lrs_);
+  }
 }
 
 std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {

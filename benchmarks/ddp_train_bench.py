@@ -1,0 +1,111 @@
+"""The train_bench workloads in PyTorch with DistributedDataParallel (gloo):
+the baseline for ronde's DistributedOptimizer. Launched by ronderun (reads
+RONDE_* variables) or torchrun."""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def make_mlp():
+    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(),
+                         nn.Linear(4096, 4096), nn.ReLU(),
+                         nn.Linear(4096, 4096), nn.ReLU(),
+                         nn.Linear(4096, 1000))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = None
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return F.relu(y + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+class ResNet18(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        blocks, cin = [], 64
+        for i, planes in enumerate([64, 128, 256, 512]):
+            for b in range(2):
+                blocks.append(BasicBlock(cin, planes, 2 if b == 0 and i > 0 else 1))
+                cin = planes
+        self.layers = nn.Sequential(*blocks)
+        self.fc = nn.Linear(512, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.layers(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rank = int(os.environ.get("RONDE_RANK") or os.environ["RANK"])
+    size = int(os.environ.get("RONDE_SIZE") or os.environ["WORLD_SIZE"])
+    addr = os.environ.get("RONDE_RENDEZVOUS_ADDR") or os.environ["MASTER_ADDR"]
+    port = int(os.environ.get("RONDE_RENDEZVOUS_PORT") or os.environ["MASTER_PORT"])
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
+                            rank=rank, world_size=size)
+    if a.workload == "mlp":
+        model, batch = make_mlp(), 64
+        x, y = torch.randn(batch, 1024), torch.randint(0, 1000, (batch,))
+    else:
+        model, batch = ResNet18(), 32
+        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    # Buffers are not re-broadcast every step: ronde does not do it either.
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+    except TypeError:  # releases before forward_sync_buffers
+        ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    samples = []
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)  # as train_bench: gradients stay allocated
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        if s >= a.warmup:
+            samples.append(time.perf_counter() - t0)
+    step = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    step = step.item()
+    if rank == 0:
+        print(f"{a.workload} ddp: {size} rank(s), median step {step * 1e3:.1f} ms, "
+              f"{size * batch / step:.1f} samples/s")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"workload": a.workload, "mode": "ddp", "ranks": size,
+                           "batch_per_rank": batch, "step_s": step,
+                           "samples_per_s": size * batch / step,
+                           "steps": a.steps}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

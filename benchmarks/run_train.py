@@ -1,0 +1,130 @@
+"""Training throughput side by side: local (one process, no communication),
+local2 (two independent processes at once: the fair baseline when two ranks
+share two cores), ronde (DistributedOptimizer, 2 ranks) and PyTorch DDP
+(gloo, 2 ranks), ronde and DDP alternating over several rounds.
+
+    .venv/bin/python benchmarks/run_train.py --rounds 3
+
+Prints a table and writes benchmarks/results/train-<date>.json.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--workloads", default="mlp,cnn")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
+                   help="tuned: glibc keeps large blocks and backs them with "
+                        "huge pages (see benchmarks/README.md); default: as is")
+    p.add_argument("--out")
+    a = p.parse_args()
+    bin_dir = os.path.join(a.build, "bin")
+    bench = os.path.join(bin_dir, "train_bench")
+    ronderun = os.path.join(bin_dir, "ronderun")
+    ddp = [sys.executable, os.path.join(ROOT, "benchmarks", "ddp_train_bench.py")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if a.allocator == "tuned":
+        # Every mode alike, C++ and Python: without this, glibc unmaps each
+        # large gradient buffer when it is freed and the next step faults it
+        # back in 4 KiB at a time (about 50k page faults per mlp step).
+        env["GLIBC_TUNABLES"] = ("glibc.malloc.hugetlb=1:"
+                                 "glibc.malloc.mmap_threshold=33554432:"
+                                 "glibc.malloc.trim_threshold=4294967296")
+    out_rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl in a.workloads.split(","):
+            common = ["--workload", wl, "--steps", str(a.steps), "--warmup", "2"]
+
+            def run(cmd, name):
+                path = os.path.join(tmp, name + ".json")
+                subprocess.run(cmd + ["--json", path], check=True, env=env,
+                               stdout=subprocess.DEVNULL)
+                return load(path)
+
+            print(f"[{wl}] local", file=sys.stderr)
+            local = run([bench, "--mode", "local"] + common, f"{wl}-local")
+            print(f"[{wl}] local2", file=sys.stderr)
+            procs, paths = [], []
+            for i in range(a.np):
+                path = os.path.join(tmp, f"{wl}-local2-{i}.json")
+                paths.append(path)
+                procs.append(subprocess.Popen(
+                    [bench, "--mode", "local"] + common + ["--json", path],
+                    env=env, stdout=subprocess.DEVNULL))
+            for pr in procs:
+                if pr.wait() != 0:
+                    raise SystemExit("local2 run failed")
+            local2_step = max(load(x)["step_s"] for x in paths)
+            runs = {"ronde": [], "ddp": []}
+            for r in range(a.rounds):
+                for impl in ("ronde", "ddp"):
+                    print(f"[{wl}] round {r + 1}/{a.rounds}: {impl}", file=sys.stderr)
+                    prog = [bench, "--mode", "ronde"] if impl == "ronde" else ddp
+                    runs[impl].append(run([ronderun, "-np", str(a.np), "--"] + prog + common,
+                                          f"{wl}-{impl}-{r}"))
+            batch = local["batch_per_rank"]
+            row = {"workload": wl, "batch_per_rank": batch, "ranks": a.np,
+                   "local_step_s": local["step_s"], "local2_step_s": local2_step}
+            for impl in ("ronde", "ddp"):
+                steps = [x["step_s"] for x in runs[impl]]
+                row[f"{impl}_step_s"] = statistics.median(steps)
+                row[f"{impl}_steps_s"] = steps
+            row["ronde_wait_s"] = statistics.median(x["wait_s"] for x in runs["ronde"])
+            ratios = [r_["step_s"] / d["step_s"] for r_, d in zip(runs["ronde"], runs["ddp"])]
+            row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
+            row["ronde_over_ddp_per_round"] = ratios
+            for impl in ("ronde", "ddp"):
+                # Scaling efficiency: throughput of N ranks over N x one
+                # process alone (local), and over N independent processes
+                # sharing the machine the same way (local2).
+                row[f"{impl}_eff_local"] = local["step_s"] / row[f"{impl}_step_s"]
+                row[f"{impl}_eff_local2"] = local2_step / row[f"{impl}_step_s"]
+                row[f"{impl}_samples_s"] = a.np * batch / row[f"{impl}_step_s"]
+            out_rows.append(row)
+    print(f"# training step, {a.np} ranks x 1 thread, median over {a.rounds} "
+          f"alternating rounds of the median of {a.steps} steps; allocator {a.allocator}")
+    print(f"{'workload':>8} {'mode':>6} {'step_ms':>8} {'samples/s':>9} "
+          f"{'eff_local':>9} {'eff_local2':>10}")
+    for row in out_rows:
+        b = row["batch_per_rank"]
+        print(f"{row['workload']:>8} {'local':>6} {row['local_step_s'] * 1e3:>8.1f} "
+              f"{b / row['local_step_s']:>9.1f}")
+        print(f"{row['workload']:>8} {'local2':>6} {row['local2_step_s'] * 1e3:>8.1f} "
+              f"{a.np * b / row['local2_step_s']:>9.1f}")
+        for impl in ("ronde", "ddp"):
+            print(f"{row['workload']:>8} {impl:>6} {row[impl + '_step_s'] * 1e3:>8.1f} "
+                  f"{row[impl + '_samples_s']:>9.1f} {row[impl + '_eff_local']:>9.0%} "
+                  f"{row[impl + '_eff_local2']:>10.0%}")
+        rr = row["ronde_over_ddp_per_round"]
+        print(f"{row['workload']:>8} ronde/ddp step time {row['ronde_over_ddp']:.3f} "
+              f"(per round {min(rr):.3f}..{max(rr):.3f}); ronde waits "
+              f"{row['ronde_wait_s'] * 1e3:.1f} ms per step on communication")
+    out = a.out or os.path.join(ROOT, "benchmarks", "results",
+                                f"train-{datetime.date.today().isoformat()}.json")
+    with open(out, "w") as f:
+        json.dump({"benchmark": "train", "rounds": a.rounds, "allocator": a.allocator,
+                   "glibc_tunables": env.get("GLIBC_TUNABLES", ""), "rows": out_rows},
+                  f, indent=1)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

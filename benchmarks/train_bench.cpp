@@ -1,0 +1,184 @@
+// Training throughput: the mlp and cnn workloads on synthetic data, plain
+// LibTorch (one process, no communication) or with DistributedOptimizer
+// under ronderun. benchmarks/run_train.py runs every mode side by side with
+// PyTorch's DistributedDataParallel (ddp_train_bench.py, the same models).
+//   train_bench --workload mlp|cnn --mode local|ronde [--steps N] [--json F]
+#include <ronde/ronde.h>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+
+namespace {
+
+// Linear 1024-4096-4096-4096-1000 with ReLU.
+torch::nn::Sequential make_mlp() {
+  return torch::nn::Sequential(
+      torch::nn::Linear(1024, 4096), torch::nn::ReLU(),
+      torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
+      torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
+      torch::nn::Linear(4096, 1000));
+}
+
+struct BasicBlockImpl : torch::nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+    using namespace torch::nn;
+    conv1 = register_module("conv1", Conv2d(Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    bn1 = register_module("bn1", BatchNorm2d(out));
+    conv2 = register_module("conv2", Conv2d(Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    bn2 = register_module("bn2", BatchNorm2d(out));
+    if (stride != 1 || in != out) {
+      shortcut = register_module("shortcut", Sequential(
+          Conv2d(Conv2dOptions(in, out, 1).stride(stride).bias(false)), BatchNorm2d(out)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = torch::relu(bn1->forward(conv1->forward(x)));
+    y = bn2->forward(conv2->forward(y));
+    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Sequential shortcut{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+// ResNet-18 for 3x32x32 inputs (CIFAR layout: 3x3 stem, no max-pool).
+struct ResNet18Impl : torch::nn::Module {
+  ResNet18Impl() {
+    using namespace torch::nn;
+    stem = register_module("stem", Conv2d(Conv2dOptions(3, 64, 3).padding(1).bias(false)));
+    bn = register_module("bn", BatchNorm2d(64));
+    int64_t in = 64;
+    const int64_t planes[] = {64, 128, 256, 512};
+    for (int l = 0; l < 4; ++l) {
+      for (int b = 0; b < 2; ++b) {
+        layers->push_back(BasicBlock(in, planes[l], b == 0 && l > 0 ? 2 : 1));
+        in = planes[l];
+      }
+    }
+    register_module("layers", layers);
+    fc = register_module("fc", Linear(512, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn->forward(stem->forward(x)));
+    x = layers->forward(x);
+    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+    return fc->forward(x);
+  }
+  torch::nn::Conv2d stem{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::Sequential layers;
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ResNet18);
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string workload = "mlp", mode = "local", json_path;
+  int steps = 10, warmup = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--workload") workload = next();
+    else if (a == "--mode") mode = next();
+    else if (a == "--steps") steps = std::stoi(next());
+    else if (a == "--warmup") warmup = std::stoi(next());
+    else if (a == "--json") json_path = next();
+    else {
+      std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
+                   "[--steps N] [--warmup N] [--json FILE]\n";
+      return 2;
+    }
+  }
+  TORCH_CHECK(workload == "mlp" || workload == "cnn", "unknown workload ", workload);
+  TORCH_CHECK(mode == "local" || mode == "ronde", "unknown mode ", mode);
+  at::set_num_threads(1);
+  torch::manual_seed(0);
+  const bool distributed = mode == "ronde";
+  if (distributed) ronde::init();
+  const int rank = distributed ? ronde::rank() : 0;
+
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<torch::Tensor(torch::Tensor)> forward;
+  torch::Tensor x, y;
+  int64_t batch;
+  if (workload == "mlp") {
+    auto m = make_mlp();
+    model = m.ptr();
+    forward = [m](torch::Tensor t) mutable { return m->forward(t); };
+    batch = 64;
+    x = torch::randn({batch, 1024});
+    y = torch::randint(0, 1000, {batch});
+  } else {
+    auto m = ResNet18();
+    model = m.ptr();
+    forward = [m](torch::Tensor t) mutable { return m->forward(t); };
+    batch = 32;
+    x = torch::randn({batch, 3, 32, 32});
+    y = torch::randint(0, 10, {batch});
+  }
+  auto base = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  std::unique_ptr<ronde::DistributedOptimizer> dopt;
+  torch::optim::Optimizer* opt = base.get();
+  if (distributed) {
+    ronde::broadcast_parameters(model->named_parameters(), 0);
+    dopt = std::make_unique<ronde::DistributedOptimizer>(base, model->named_parameters());
+    opt = dopt.get();
+  }
+  std::vector<double> samples, waits;
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    // Gradients stay allocated between steps (no set_to_none) in every mode
+    // and in the DDP baseline alike: see benchmarks/README.md on allocator
+    // noise.
+    if (dopt) {
+      dopt->zero_grad(false);
+    } else {
+      opt->zero_grad(false);
+    }
+    auto loss = torch::cross_entropy_loss(forward(x), y);
+    loss.backward();
+    opt->step();
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= warmup) {
+      samples.push_back(dt);
+      if (dopt) waits.push_back(dopt->last_step_profile().wait_seconds);
+    }
+  }
+  double step = median(samples);
+  double wait = waits.empty() ? 0 : median(waits);
+  if (distributed) {
+    auto t = torch::tensor({step, wait}, torch::kDouble);
+    ronde::allreduce_(t, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
+    step = t[0].item<double>();
+    wait = t[1].item<double>();
+  }
+  const int world = distributed ? ronde::size() : 1;
+  if (rank == 0) {
+    std::printf("%s %s: %d rank(s), median step %.1f ms, %.1f samples/s, "
+                "comm wait %.1f ms\n", workload.c_str(), mode.c_str(), world,
+                step * 1e3, world * batch / step, wait * 1e3);
+    if (!json_path.empty()) {
+      std::ofstream(json_path) << "{\"workload\":\"" << workload << "\",\"mode\":\""
+                               << mode << "\",\"ranks\":" << world
+                               << ",\"batch_per_rank\":" << batch
+                               << ",\"step_s\":" << step << ",\"wait_s\":" << wait
+                               << ",\"samples_per_s\":" << world * batch / step
+                               << ",\"steps\":" << steps << "}\n";
+    }
+  }
+  if (distributed) ronde::shutdown();
+  return 0;
+}
