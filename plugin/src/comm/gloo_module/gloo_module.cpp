@@ -375,6 +375,21 @@ RONDE_GLOO_EXPORT int ronde_gloo_connect(const RondeGlooStore* store, int rank,
 }
 
 RONDE_GLOO_EXPORT void ronde_gloo_destroy(RondeGlooComm* comm) {
+  if (comm == nullptr) return;
+  // Close every connection first, explicitly: peers blocked on this rank
+  // then fail at once instead of at their timeout, even while something
+  // else still holds a reference to the context.
+  if (comm->context) {
+    for (int i = 0; i < comm->context->size; ++i) {
+      if (i == comm->context->rank) continue;
+      try {
+        auto& pair = comm->context->getPair(i);
+        if (pair) pair->close();
+      } catch (...) {
+        // A pair that already failed may refuse; it is closed either way.
+      }
+    }
+  }
   try {
     delete comm;
   } catch (...) {
