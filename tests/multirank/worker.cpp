@@ -4,6 +4,8 @@
 // exits non-zero with a message at the first difference.
 #include <ronde/ronde.h>
 
+#include "worker_checks.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -22,17 +24,8 @@
 
 namespace {
 
-int g_failures = 0;
+using ronde::testing::expect_error;
 
-#define EXPECT_TRUE_W(cond, ...)                                          \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      ++g_failures;                                                       \
-      std::cout << "FAILED on rank " << ronde::rank() << " at line "      \
-                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
-                << std::endl;                                             \
-    }                                                                     \
-  } while (0)
 
 // Exact comparison for integers and for reductions whose order does not
 // matter; a tolerance for float sums reduced in ring order.
@@ -108,9 +101,9 @@ void check_allreduce() {
         at::Tensor got = ronde::allreduce(
             x, ronde::AllreduceOptions().op(op).name("t" + std::to_string(seed)));
         at::Tensor want = reference_reduce(n, seed, shape, dtype, op);
-        EXPECT_TRUE_W(close(got, want), "allreduce ", ronde::to_string(op), " ",
+        CHECK_W(close(got, want), "allreduce ", ronde::to_string(op), " ",
                       dtype, " ", shape);
-        EXPECT_TRUE_W(at::equal(x, before), "allreduce changed its input");
+        CHECK_W(at::equal(x, before), "allreduce changed its input");
         // In place, on a non-contiguous view.
         at::Tensor base = input_for(me, seed, {shape[0], 2}, dtype);
         at::Tensor col = base.select(1, 0);
@@ -137,9 +130,9 @@ void check_allreduce() {
             if (op == ronde::ReduceOp::Average) acc = acc / n;
             return acc.to(dtype);
           }();
-          EXPECT_TRUE_W(close(col.contiguous(), wide_ref), "allreduce_ view ",
+          CHECK_W(close(col.contiguous(), wide_ref), "allreduce_ view ",
                         dtype);
-          EXPECT_TRUE_W(at::equal(base.select(1, 1), col_before),
+          CHECK_W(at::equal(base.select(1, 1), col_before),
                         "allreduce_ touched the other column");
         }
       }
@@ -151,7 +144,7 @@ void check_allreduce() {
       x, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).prescale_factor(0.5)
              .postscale_factor(3.0));
   at::Tensor want = reference_reduce(n, 999, {10}, at::kFloat, ronde::ReduceOp::Sum) * 1.5;
-  EXPECT_TRUE_W(close(got, want), "prescale/postscale");
+  CHECK_W(close(got, want), "prescale/postscale");
 }
 
 void check_allgather() {
@@ -165,7 +158,7 @@ void check_allgather() {
     for (int r = 0; r < n; ++r) {
       parts.push_back(input_for(r, 5, {r == 1 ? 0 : r + 2, 3}, dtype));
     }
-    EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "allgather ", dtype);
+    CHECK_W(at::equal(got, at::cat(parts, 0)), "allgather ", dtype);
   }
 }
 
@@ -176,11 +169,11 @@ void check_broadcast() {
       at::Tensor x = input_for(me, 40 + root, {4, 5}, dtype);
       at::Tensor want = input_for(root, 40 + root, {4, 5}, dtype);
       at::Tensor got = ronde::broadcast(x, root);
-      EXPECT_TRUE_W(at::equal(got, want), "broadcast root ", root);
-      EXPECT_TRUE_W(at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
+      CHECK_W(at::equal(got, want), "broadcast root ", root);
+      CHECK_W(at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
                     "out-of-place broadcast changed its input");
       ronde::broadcast_(x, root);
-      EXPECT_TRUE_W(at::equal(x, want), "broadcast_ root ", root);
+      CHECK_W(at::equal(x, want), "broadcast_ root ", root);
     }
   }
 }
@@ -212,8 +205,8 @@ void check_alltoall() {
       parts.push_back(src.narrow(0, offset, s[me]));
       want_splits.push_back(s[me]);
     }
-    EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "alltoall ", dtype);
-    EXPECT_TRUE_W(h.received_splits() == want_splits, "alltoall splits");
+    CHECK_W(at::equal(got, at::cat(parts, 0)), "alltoall ", dtype);
+    CHECK_W(h.received_splits() == want_splits, "alltoall splits");
   }
   // Even split by default.
   at::Tensor x = at::arange(2 * n, at::kLong) + 100 * me;
@@ -222,7 +215,7 @@ void check_alltoall() {
   for (int r = 0; r < n; ++r) {
     parts.push_back(at::arange(2 * me, 2 * me + 2, at::kLong) + 100 * r);
   }
-  EXPECT_TRUE_W(at::equal(got, at::cat(parts, 0)), "alltoall even");
+  CHECK_W(at::equal(got, at::cat(parts, 0)), "alltoall even");
 }
 
 void check_reducescatter() {
@@ -235,7 +228,7 @@ void check_reducescatter() {
     int64_t base = rows / n, extra = rows % n;
     int64_t start = me * base + std::min<int64_t>(me, extra);
     int64_t count = base + (me < extra ? 1 : 0);
-    EXPECT_TRUE_W(close(got, full.narrow(0, start, count)), "reducescatter ",
+    CHECK_W(close(got, full.narrow(0, start, count)), "reducescatter ",
                   rows);
   }
 }
@@ -250,9 +243,9 @@ void check_async() {
         inputs.back(), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum)));
   }
   for (int i = 7; i >= 0; --i) {
-    EXPECT_TRUE_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
-    EXPECT_TRUE_W(handles[i].done(), "handle not done after wait");
-    EXPECT_TRUE_W(close(handles[i].result(),
+    CHECK_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
+    CHECK_W(handles[i].done(), "handle not done after wait");
+    CHECK_W(close(handles[i].result(),
                         reference_reduce(n, 500 + i, {1000 + i}, at::kFloat,
                                          ronde::ReduceOp::Sum)),
                   "async allreduce ", i);
@@ -266,9 +259,9 @@ int scenario_collectives() {
   const char* size_env = std::getenv("RONDE_SIZE");
   const char* rank_env = std::getenv("RONDE_RANK");
   bool launched = size_env != nullptr && *size_env != '\0';
-  EXPECT_TRUE_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
-  EXPECT_TRUE_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
-  EXPECT_TRUE_W(ronde::device() == c10::Device(c10::kCPU), "device");
+  CHECK_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
+  CHECK_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
+  CHECK_W(ronde::device() == c10::Device(c10::kCPU), "device");
   check_allreduce();
   check_allgather();
   check_broadcast();
@@ -276,23 +269,7 @@ int scenario_collectives() {
   check_reducescatter();
   check_async();
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
-}
-
-// Runs fn, expecting a c10::Error whose message contains every needle.
-void expect_error(const std::function<void()>& fn,
-                  const std::vector<std::string>& needles) {
-  try {
-    fn();
-    EXPECT_TRUE_W(false, "expected an error containing '", needles[0], "'");
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    std::cout << "ERROR_SEEN: " << msg << std::endl;
-    for (const auto& needle : needles) {
-      EXPECT_TRUE_W(msg.find(needle) != std::string::npos, "message lacks '",
-                    needle, "': ", msg);
-    }
-  }
+  return ronde::testing::scenario_exit_code();
 }
 
 int scenario_mismatch() {
@@ -351,10 +328,10 @@ int scenario_mismatch() {
   at::Tensor got = ronde::allreduce(at::ones({3}) * (me + 1),
                                     ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
   int n = ronde::size();
-  EXPECT_TRUE_W(at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
+  CHECK_W(at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
                 "allreduce after mismatches");
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // The last rank dies (SIGKILL) while a large all-reduce is in flight; the
@@ -413,10 +390,10 @@ int scenario_hold(const std::string& dir) {
   }
   at::Tensor got = ronde::allreduce(at::ones({5}), ronde::AllreduceOptions().op(
                                                        ronde::ReduceOp::Sum));
-  EXPECT_TRUE_W(at::allclose(got, at::full({5}, double(ronde::size()))),
+  CHECK_W(at::allclose(got, at::full({5}, double(ronde::size()))),
                 "allreduce after the intruder");
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // Expects init() to be refused.

@@ -4,6 +4,8 @@
 // the same program, and compares the parameters after 20 steps.
 #include <ronde/ronde.h>
 
+#include "worker_checks.h"
+
 #include <torch/torch.h>
 
 #include <iostream>
@@ -12,17 +14,8 @@
 
 namespace {
 
-int g_failures = 0;
+using ronde::testing::expect_error;
 
-#define CHECK_W(cond, ...)                                                \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      ++g_failures;                                                       \
-      std::cout << "FAILED on rank " << ronde::rank() << " at line "      \
-                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
-                << std::endl;                                             \
-    }                                                                     \
-  } while (0)
 
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(bool use_extra) : use_extra_(use_extra) {
@@ -232,22 +225,7 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   }
   std::cout << "buckets: " << opt.buckets().size() << std::endl;
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
-}
-
-void expect_error(const std::function<void()>& fn,
-                  const std::vector<std::string>& needles) {
-  try {
-    fn();
-    CHECK_W(false, "expected an error containing '", needles[0], "'");
-  } catch (const c10::Error& e) {
-    std::string msg = e.what_without_backtrace();
-    std::cout << "ERROR_SEEN: " << msg << std::endl;
-    for (const auto& needle : needles) {
-      CHECK_W(msg.find(needle) != std::string::npos, "message lacks '", needle,
-              "': ", msg);
-    }
-  }
+  return ronde::testing::scenario_exit_code();
 }
 
 int scenario_optim_errors() {
@@ -284,7 +262,7 @@ int scenario_optim_errors() {
                  {"not among named_parameters"});
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // Buckets launch while backward still runs; a second optimizer over the
@@ -335,7 +313,7 @@ int scenario_optim_overlap() {
     }
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // An inf in one rank's gradient: every rank skips the same step, backs off
@@ -374,7 +352,7 @@ int scenario_amp_overflow() {
     }
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // Averaged gradients through 16-bit wire formats stay within the format's
@@ -419,7 +397,7 @@ int scenario_compression() {
     opt.step();
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // LR scaling at construction, never compounding.
@@ -464,7 +442,7 @@ int scenario_lr_scaling() {
     CHECK_W(std::abs(lr_of(*fresh) - 0.01 * std::sqrt(n)) < 1e-12, "sqrt: ", lr_of(*fresh));
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 // Each rank's shard is disjoint from the others' and all of them together
@@ -485,7 +463,7 @@ int scenario_sampler() {
     CHECK_W(flat.numel() == ((1001 + n - 1) / n) * n, "padded to a multiple of ranks");
   }
   ronde::shutdown();
-  return g_failures == 0 ? 0 : 1;
+  return ronde::testing::scenario_exit_code();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 
 using ronde::detail::LaunchInfo;
@@ -153,6 +154,31 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
                       {"RONDE_RENDEZVOUS_PORT", "1"}})
                 .find("local rank 3 must be smaller than the local size 2"),
             std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(LaunchEnv, PositiveEnvNumbers) {
+  using ronde::detail::positive_env_number;
+  ::unsetenv("RONDE_TEST_KNOB");
+  EXPECT_FALSE(positive_env_number("RONDE_TEST_KNOB", "seconds").has_value());
+  ::setenv("RONDE_TEST_KNOB", "2.5", 1);
+  EXPECT_DOUBLE_EQ(*positive_env_number("RONDE_TEST_KNOB", "seconds"), 2.5);
+  for (const char* bad : {"0", "-1", "ten", "3s"}) {
+    ::setenv("RONDE_TEST_KNOB", bad, 1);
+    try {
+      positive_env_number("RONDE_TEST_KNOB", "seconds");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace())
+                    .find("RONDE_TEST_KNOB='" + std::string(bad) +
+                          "' is not a positive number of seconds"),
+                std::string::npos);
+    }
+  }
+  ::unsetenv("RONDE_TEST_KNOB");
 }
 
 }  // namespace

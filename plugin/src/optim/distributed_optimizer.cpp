@@ -8,6 +8,7 @@
 #include <ronde/optimizer.h>
 
 #include "optim/bucket_assignment.h"
+#include "runtime/launch_env.h"
 #include "runtime/error_text.h"
 
 #include <ronde/runtime.h>
@@ -167,13 +168,8 @@ double resolve_fusion_mb(double option) {
   if (option > 0) return option;
   TORCH_CHECK(option == 0, "ronde: fusion_threshold_mb must be positive, got ",
               option);
-  if (const char* v = std::getenv("RONDE_FUSION_THRESHOLD"); v && *v) {
-    char* end = nullptr;
-    double bytes = std::strtod(v, &end);
-    TORCH_CHECK(end != v && *end == '\0' && bytes > 0,
-                "ronde: RONDE_FUSION_THRESHOLD='", v,
-                "' is not a positive number of bytes");
-    return bytes / (1 << 20);
+  if (auto bytes = positive_env_number("RONDE_FUSION_THRESHOLD", "bytes")) {
+    return *bytes / (1 << 20);
   }
   return kDefaultFusionThresholdMb;
 }

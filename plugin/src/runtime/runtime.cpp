@@ -35,13 +35,8 @@ double resolve_timeout(const InitOptions& options) {
   TORCH_CHECK(options.timeout_seconds() == 0,
               "ronde: InitOptions::timeout_seconds must be positive, got ",
               options.timeout_seconds());
-  if (const char* v = std::getenv("RONDE_TIMEOUT_SECONDS"); v && *v) {
-    char* end = nullptr;
-    double t = std::strtod(v, &end);
-    TORCH_CHECK(end != v && *end == '\0' && t > 0,
-                "ronde: RONDE_TIMEOUT_SECONDS='", v,
-                "' is not a positive number of seconds");
-    return t;
+  if (auto t = positive_env_number("RONDE_TIMEOUT_SECONDS", "seconds")) {
+    return *t;
   }
   return kDefaultTimeoutSeconds;
 }

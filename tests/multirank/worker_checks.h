@@ -1,0 +1,56 @@
+// Checks for worker scenarios: a failed check prints the rank, the line and
+// the details, and counts; the scenario's exit code reports the count.
+#pragma once
+
+#include <ronde/runtime.h>
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace ronde::testing {
+
+inline int& check_failures() {
+  static int failures = 0;
+  return failures;
+}
+
+inline int scenario_exit_code() {
+  return check_failures() == 0 ? 0 : 1;
+}
+
+}  // namespace ronde::testing
+
+#define CHECK_W(cond, ...)                                                \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
+      ++::ronde::testing::check_failures();                               \
+      std::cout << "FAILED on rank " << ::ronde::rank() << " at line "    \
+                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
+                << std::endl;                                             \
+    }                                                                     \
+  } while (0)
+
+namespace ronde::testing {
+
+// Runs fn, expecting a c10::Error whose message contains every needle.
+inline void expect_error(const std::function<void()>& fn,
+                         const std::vector<std::string>& needles) {
+  try {
+    fn();
+    CHECK_W(false, "expected an error containing '", needles[0], "'");
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::cout << "ERROR_SEEN: " << msg << std::endl;
+    for (const auto& needle : needles) {
+      CHECK_W(msg.find(needle) != std::string::npos, "message lacks '", needle,
+              "': ", msg);
+    }
+  }
+}
+
+}  // namespace ronde::testing
