@@ -71,15 +71,14 @@ class PlainSgd : public torch::optim::Optimizer {
 
 using Groups = std::vector<torch::optim::OptimizerParamGroup>;
 
-// Two groups when asked: the first two layers at a different rate.
-Groups make_groups(Net& net, bool two_groups, double lr_first) {
+// Two groups when asked: the first two layers (given half the LR below).
+Groups make_groups(Net& net, bool two_groups) {
   if (!two_groups) return {torch::optim::OptimizerParamGroup(net->parameters())};
   std::vector<torch::Tensor> first, rest;
   for (auto& item : net->named_parameters()) {
     (item.key().rfind("fc1", 0) == 0 || item.key().rfind("fc2", 0) == 0
          ? first : rest).push_back(item.value());
   }
-  (void)lr_first;
   return {torch::optim::OptimizerParamGroup(first),
           torch::optim::OptimizerParamGroup(rest)};
 }
@@ -87,7 +86,7 @@ Groups make_groups(Net& net, bool two_groups, double lr_first) {
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
                                                         Net& net,
                                                         bool two_groups) {
-  Groups groups = make_groups(net, two_groups, 0);
+  Groups groups = make_groups(net, two_groups);
   std::shared_ptr<torch::optim::Optimizer> opt;
   if (name == "sgd") {
     opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.05).momentum(0.9));
