@@ -35,7 +35,8 @@ std::vector<std::vector<int64_t>> resnet50_shapes() {
       conv_bn(planes[l], in, 1);
       conv_bn(planes[l], planes[l], 3);
       conv_bn(planes[l] * 4, planes[l], 1);
-      if (b == 0) conv_bn(planes[l] * 4, in, 1);
+      if (b == 0)
+        conv_bn(planes[l] * 4, in, 1);
       in = planes[l] * 4;
     }
   }
@@ -46,14 +47,18 @@ std::vector<std::vector<int64_t>> resnet50_shapes() {
 
 // An optimizer that does nothing: the benchmark times communication only.
 struct NoStepOptions : torch::optim::OptimizerCloneableOptions<NoStepOptions> {
-  double get_lr() const override { return 0; }
+  double get_lr() const override {
+    return 0;
+  }
   void set_lr(const double) override {}
 };
 class NoStep : public torch::optim::Optimizer {
  public:
   explicit NoStep(std::vector<torch::Tensor> params)
       : Optimizer(std::move(params), std::make_unique<NoStepOptions>()) {}
-  torch::Tensor step(LossClosure) override { return {}; }
+  torch::Tensor step(LossClosure) override {
+    return {};
+  }
 };
 
 double median(std::vector<double> v) {
@@ -75,11 +80,15 @@ int main(int argc, char** argv) {
   std::vector<double> thresholds = {1, 4, 16, 25, 64, 128};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::stoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::stoi(argv[++i]);
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
     else {
-      std::cerr << "usage: fusion_bench [--steps N] [--rounds R] [--json FILE]\n";
+      std::cerr
+          << "usage: fusion_bench [--steps N] [--rounds R] [--json FILE]\n";
       return 2;
     }
   }
@@ -100,21 +109,25 @@ int main(int argc, char** argv) {
   // The same cheap backward for every mode: d(sum(p * c))/dp = c.
   auto backward = [&] {
     torch::Tensor loss = torch::zeros({});
-    for (auto& p : params) loss = loss + (p * 0.5).sum();
+    for (auto& p : params)
+      loss = loss + (p * 0.5).sum();
     loss.backward();
   };
   auto zero = [&] {
-    for (auto& p : params) p.mutable_grad().reset();
+    for (auto& p : params)
+      p.mutable_grad().reset();
   };
   auto time_mode = [&](const std::function<void()>& step) {
-    for (int i = 0; i < warmup; ++i) step();
+    for (int i = 0; i < warmup; ++i)
+      step();
     std::vector<double> samples;
     for (int i = 0; i < steps; ++i) {
       ronde::barrier();
       auto t0 = std::chrono::steady_clock::now();
       step();
-      samples.push_back(std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - t0).count());
+      samples.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count());
     }
     return max_over_ranks(median(samples));
   };
@@ -123,15 +136,20 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, std::function<double()>>> modes;
   // Backward alone: the floor every mode stands on.
   modes.emplace_back("backward_only", [&] {
-    return time_mode([&] { zero(); backward(); });
+    return time_mode([&] {
+      zero();
+      backward();
+    });
   });
   modes.emplace_back("per_tensor", [&] {
     return time_mode([&] {
       zero();
       backward();
       std::vector<ronde::Handle> hs;
-      for (auto& p : params) hs.push_back(ronde::allreduce_async_(p.grad(), off));
-      for (auto& h : hs) h.wait();
+      for (auto& p : params)
+        hs.push_back(ronde::allreduce_async_(p.grad(), off));
+      for (auto& h : hs)
+        h.wait();
     });
   });
   modes.emplace_back("flat_buffer", [&] {
@@ -139,7 +157,8 @@ int main(int argc, char** argv) {
       zero();
       backward();
       std::vector<torch::Tensor> flat;
-      for (auto& p : params) flat.push_back(p.grad().reshape({-1}));
+      for (auto& p : params)
+        flat.push_back(p.grad().reshape({-1}));
       torch::Tensor buf = torch::cat(flat);
       ronde::allreduce_(buf, off);
       int64_t o = 0;
@@ -155,7 +174,8 @@ int main(int argc, char** argv) {
     modes.emplace_back(name.str(), [&, mb] {
       // Alive only while measured: every live optimizer hooks every gradient.
       ronde::DistributedOptimizer d(
-          std::make_shared<NoStep>(params), named,
+          std::make_shared<NoStep>(params),
+          named,
           ronde::DistributedOptimizerOptions().fusion_threshold_mb(mb));
       return time_mode([&] {
         d.zero_grad(false);
@@ -177,15 +197,29 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     double best = 1e9, per_tensor = 0, floor = 0;
     for (auto& [n, t] : results) {
-      if (n == "per_tensor") per_tensor = t;
-      if (n == "backward_only") floor = t;
-      if (n != "backward_only") best = std::min(best, t);
+      if (n == "per_tensor")
+        per_tensor = t;
+      if (n == "backward_only")
+        floor = t;
+      if (n != "backward_only")
+        best = std::min(best, t);
     }
-    std::printf("# fusion: ResNet-50 gradients (%zu tensors, %.1fM params), %d ranks, "
-                "median over %d rounds of the median of %d steps\n",
-                params.size(), total / 1e6, ronde::size(), rounds, steps);
-    std::printf("%-16s %9s %8s %12s %13s %12s\n", "mode", "step_ms", "vs_best",
-                "per_tensor/x", "beyond_bw_ms", "per_tensor/x");
+    std::printf(
+        "# fusion: ResNet-50 gradients (%zu tensors, %.1fM params), %d ranks, "
+        "median over %d rounds of the median of %d steps\n",
+        params.size(),
+        total / 1e6,
+        ronde::size(),
+        rounds,
+        steps);
+    std::printf(
+        "%-16s %9s %8s %12s %13s %12s\n",
+        "mode",
+        "step_ms",
+        "vs_best",
+        "per_tensor/x",
+        "beyond_bw_ms",
+        "per_tensor/x");
     std::ostringstream js;
     js << "{\"benchmark\":\"fusion\",\"ranks\":" << ronde::size()
        << ",\"tensors\":" << params.size() << ",\"params\":" << total
@@ -194,15 +228,22 @@ int main(int argc, char** argv) {
     for (auto& [n, t] : results) {
       // Time beyond the backward pass: communication not hidden by it.
       double extra = t - floor;
-      std::printf("%-16s %9.1f %7.2fx %11.2fx %13.1f %11.2fx\n", n.c_str(),
-                  t * 1e3, t / best, per_tensor / t, extra * 1e3,
-                  extra > 0 ? (per_tensor - floor) / extra : 0.0);
-      js << (first ? "" : ",") << "{\"mode\":\"" << n << "\",\"step_ms\":" << t * 1e3
+      std::printf(
+          "%-16s %9.1f %7.2fx %11.2fx %13.1f %11.2fx\n",
+          n.c_str(),
+          t * 1e3,
+          t / best,
+          per_tensor / t,
+          extra * 1e3,
+          extra > 0 ? (per_tensor - floor) / extra : 0.0);
+      js << (first ? "" : ",") << "{\"mode\":\"" << n
+         << "\",\"step_ms\":" << t * 1e3
          << ",\"beyond_backward_ms\":" << extra * 1e3 << "}";
       first = false;
     }
     js << "]}";
-    if (!json_path.empty()) std::ofstream(json_path) << js.str() << "\n";
+    if (!json_path.empty())
+      std::ofstream(json_path) << js.str() << "\n";
   }
   ronde::shutdown();
   return 0;

@@ -18,22 +18,32 @@ namespace {
 // Linear 1024-4096-4096-4096-1000 with ReLU.
 torch::nn::Sequential make_mlp() {
   return torch::nn::Sequential(
-      torch::nn::Linear(1024, 4096), torch::nn::ReLU(),
-      torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
-      torch::nn::Linear(4096, 4096), torch::nn::ReLU(),
+      torch::nn::Linear(1024, 4096),
+      torch::nn::ReLU(),
+      torch::nn::Linear(4096, 4096),
+      torch::nn::ReLU(),
+      torch::nn::Linear(4096, 4096),
+      torch::nn::ReLU(),
       torch::nn::Linear(4096, 1000));
 }
 
 struct BasicBlockImpl : torch::nn::Module {
   BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
     using namespace torch::nn;
-    conv1 = register_module("conv1", Conv2d(Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+    conv1 = register_module(
+        "conv1",
+        Conv2d(
+            Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
     bn1 = register_module("bn1", BatchNorm2d(out));
-    conv2 = register_module("conv2", Conv2d(Conv2dOptions(out, out, 3).padding(1).bias(false)));
+    conv2 = register_module(
+        "conv2", Conv2d(Conv2dOptions(out, out, 3).padding(1).bias(false)));
     bn2 = register_module("bn2", BatchNorm2d(out));
     if (stride != 1 || in != out) {
-      shortcut = register_module("shortcut", Sequential(
-          Conv2d(Conv2dOptions(in, out, 1).stride(stride).bias(false)), BatchNorm2d(out)));
+      shortcut = register_module(
+          "shortcut",
+          Sequential(
+              Conv2d(Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+              BatchNorm2d(out)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -51,7 +61,8 @@ TORCH_MODULE(BasicBlock);
 struct ResNet18Impl : torch::nn::Module {
   ResNet18Impl() {
     using namespace torch::nn;
-    stem = register_module("stem", Conv2d(Conv2dOptions(3, 64, 3).padding(1).bias(false)));
+    stem = register_module(
+        "stem", Conv2d(Conv2dOptions(3, 64, 3).padding(1).bias(false)));
     bn = register_module("bn", BatchNorm2d(64));
     int64_t in = 64;
     const int64_t planes[] = {64, 128, 256, 512};
@@ -89,24 +100,33 @@ int main(int argc, char** argv) {
   int steps = 10, warmup = 3;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--workload") workload = next();
-    else if (a == "--mode") mode = next();
-    else if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--warmup") warmup = std::stoi(next());
-    else if (a == "--json") json_path = next();
+    auto next = [&] {
+      return i + 1 < argc ? std::string(argv[++i]) : std::string();
+    };
+    if (a == "--workload")
+      workload = next();
+    else if (a == "--mode")
+      mode = next();
+    else if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--warmup")
+      warmup = std::stoi(next());
+    else if (a == "--json")
+      json_path = next();
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
                    "[--steps N] [--warmup N] [--json FILE]\n";
       return 2;
     }
   }
-  TORCH_CHECK(workload == "mlp" || workload == "cnn", "unknown workload ", workload);
+  TORCH_CHECK(
+      workload == "mlp" || workload == "cnn", "unknown workload ", workload);
   TORCH_CHECK(mode == "local" || mode == "ronde", "unknown mode ", mode);
   at::set_num_threads(1);
   torch::manual_seed(0);
   const bool distributed = mode == "ronde";
-  if (distributed) ronde::init();
+  if (distributed)
+    ronde::init();
   const int rank = distributed ? ronde::rank() : 0;
 
   std::shared_ptr<torch::nn::Module> model;
@@ -134,7 +154,8 @@ int main(int argc, char** argv) {
   torch::optim::Optimizer* opt = base.get();
   if (distributed) {
     ronde::broadcast_parameters(model->named_parameters(), 0);
-    dopt = std::make_unique<ronde::DistributedOptimizer>(base, model->named_parameters());
+    dopt = std::make_unique<ronde::DistributedOptimizer>(
+        base, model->named_parameters());
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
@@ -151,10 +172,13 @@ int main(int argc, char** argv) {
     auto loss = torch::cross_entropy_loss(forward(x), y);
     loss.backward();
     opt->step();
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
     if (s >= warmup) {
       samples.push_back(dt);
-      if (dopt) waits.push_back(dopt->last_step_profile().wait_seconds);
+      if (dopt)
+        waits.push_back(dopt->last_step_profile().wait_seconds);
     }
   }
   double step = median(samples);
@@ -167,18 +191,25 @@ int main(int argc, char** argv) {
   }
   const int world = distributed ? ronde::size() : 1;
   if (rank == 0) {
-    std::printf("%s %s: %d rank(s), median step %.1f ms, %.1f samples/s, "
-                "comm wait %.1f ms\n", workload.c_str(), mode.c_str(), world,
-                step * 1e3, world * batch / step, wait * 1e3);
+    std::printf(
+        "%s %s: %d rank(s), median step %.1f ms, %.1f samples/s, "
+        "comm wait %.1f ms\n",
+        workload.c_str(),
+        mode.c_str(),
+        world,
+        step * 1e3,
+        world * batch / step,
+        wait * 1e3);
     if (!json_path.empty()) {
-      std::ofstream(json_path) << "{\"workload\":\"" << workload << "\",\"mode\":\""
-                               << mode << "\",\"ranks\":" << world
-                               << ",\"batch_per_rank\":" << batch
-                               << ",\"step_s\":" << step << ",\"wait_s\":" << wait
-                               << ",\"samples_per_s\":" << world * batch / step
-                               << ",\"steps\":" << steps << "}\n";
+      std::ofstream(json_path)
+          << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
+          << "\",\"ranks\":" << world << ",\"batch_per_rank\":" << batch
+          << ",\"step_s\":" << step << ",\"wait_s\":" << wait
+          << ",\"samples_per_s\":" << world * batch / step
+          << ",\"steps\":" << steps << "}\n";
     }
   }
-  if (distributed) ronde::shutdown();
+  if (distributed)
+    ronde::shutdown();
   return 0;
 }

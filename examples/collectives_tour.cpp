@@ -11,25 +11,29 @@ int main() {
   const int rank = ronde::rank();
   const int size = ronde::size();
   auto say = [&](const std::string& what, const torch::Tensor& t) {
-    if (rank == 0) std::cout << what << ":\n" << t << "\n" << std::endl;
+    if (rank == 0)
+      std::cout << what << ":\n" << t << "\n" << std::endl;
   };
   if (rank == 0) {
     std::cout << "ronde " << RONDE_VERSION_STRING << ": " << size
               << " ranks, job " << ronde::job_id() << ", device "
-              << ronde::device() << "\n" << std::endl;
+              << ronde::device() << "\n"
+              << std::endl;
   }
 
   // Each rank holds [rank, rank, rank]: the average is (size - 1) / 2.
   torch::Tensor mine = torch::full({3}, static_cast<float>(rank));
   say("allreduce (average)", ronde::allreduce(mine));
   say("allreduce (max)",
-      ronde::allreduce(mine, ronde::AllreduceOptions().op(ronde::ReduceOp::Max)));
+      ronde::allreduce(
+          mine, ronde::AllreduceOptions().op(ronde::ReduceOp::Max)));
 
   // Rank r contributes r + 1 rows: allgather concatenates them in rank order.
   say("allgather", ronde::allgather(torch::full({rank + 1, 2}, rank)));
 
   // Everyone receives rank 0's tensor.
-  say("broadcast from rank 0", ronde::broadcast(torch::arange(4) * (rank + 1), 0));
+  say("broadcast from rank 0",
+      ronde::broadcast(torch::arange(4) * (rank + 1), 0));
 
   // Rank r sends row d to rank d: a transpose across ranks.
   torch::Tensor rows = torch::arange(size).to(torch::kFloat) + 10 * rank;
@@ -38,17 +42,19 @@ int main() {
 
   // Sum over ranks, then each rank keeps its share of the rows.
   say("reducescatter (rank 0's share)",
-      ronde::reducescatter(torch::ones({2 * size, 2}),
-                           ronde::ReducescatterOptions().op(ronde::ReduceOp::Sum)));
+      ronde::reducescatter(
+          torch::ones({2 * size, 2}),
+          ronde::ReducescatterOptions().op(ronde::ReduceOp::Sum)));
 
   // Asynchronous: start several, overlap other work, then wait.
   std::vector<ronde::Handle> handles;
   for (int i = 0; i < 4; ++i) {
-    handles.push_back(ronde::allreduce_async(torch::full({2}, float(i)),
-                                             ronde::AllreduceOptions().name(
-                                                 "async." + std::to_string(i))));
+    handles.push_back(ronde::allreduce_async(
+        torch::full({2}, float(i)),
+        ronde::AllreduceOptions().name("async." + std::to_string(i))));
   }
-  for (auto& h : handles) h.wait();
+  for (auto& h : handles)
+    h.wait();
   say("last async result", handles.back().result());
 
   ronde::barrier();

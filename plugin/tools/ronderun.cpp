@@ -133,8 +133,8 @@ std::string parse_args(int argc, char** argv, Options& options) {
       continue;
     }
     const bool takes_value = arg == "-np" || arg == "-n" || arg == "--np" ||
-        arg == "--timeout" || arg == "--job-id" || arg == "--port" ||
-        arg == "--host";
+                             arg == "--timeout" || arg == "--job-id" ||
+                             arg == "--port" || arg == "--host";
     if (!takes_value) {
       return "unknown option '" + arg + "'";
     }
@@ -152,7 +152,7 @@ std::string parse_args(int argc, char** argv, Options& options) {
     } else if (arg == "--timeout") {
       if (!parse_int(value, 1, 1000000000, number)) {
         return "--timeout expects a positive whole number of seconds, got '" +
-            value + "'";
+               value + "'";
       }
       options.timeout_seconds = number;
     } else if (arg == "--port") {
@@ -228,7 +228,8 @@ std::string signal_name(int signo) {
 // Quotes an argument for the --verbose command line only when needed, so the
 // printed line can be pasted back into a shell.
 std::string shell_quote(const std::string& arg) {
-  const bool plain = !arg.empty() &&
+  const bool plain =
+      !arg.empty() &&
       arg.find_first_not_of(
           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
           "-_./=:,+@%") == std::string::npos;
@@ -288,14 +289,14 @@ extern "C" void on_signal(int signo) {
 }
 
 struct OutputStream {
-  int fd = -1; // read end of the rank's pipe; -1 once closed
-  int sink = -1; // ronderun's own stdout or stderr
-  std::string pending; // bytes after the last newline seen
+  int fd = -1;          // read end of the rank's pipe; -1 once closed
+  int sink = -1;        // ronderun's own stdout or stderr
+  std::string pending;  // bytes after the last newline seen
 };
 
 struct Rank {
   int index = 0;
-  pid_t pid = -1; // also the process group id
+  pid_t pid = -1;  // also the process group id
   bool running = false;
   std::string prefix;
   OutputStream out;
@@ -318,10 +319,7 @@ class Launcher {
   void start_ranks();
   bool start_rank(Rank& rank);
   [[noreturn]] void exec_rank(
-      Rank& rank,
-      int out_write,
-      int err_write,
-      const sigset_t& original_mask);
+      Rank& rank, int out_write, int err_write, const sigset_t& original_mask);
   void supervise();
   void handle_deadlines();
   bool finished() const;
@@ -480,7 +478,7 @@ bool Launcher::pick_free_port() {
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
   bool ok = bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+            getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   if (!ok) {
     message(std::string("cannot pick a free port: ") + strerror(errno));
   } else {
@@ -691,9 +689,9 @@ bool Launcher::start_rank(Rank& rank) {
   }
   // Every pipe end is close-on-exec so that no rank inherits another rank's
   // write end, which would keep that pipe from ever reaching EOF.
-  bool ok = set_fd_flags(out_pipe[0], true) &&
-      set_fd_flags(err_pipe[0], true) && set_fd_flags(out_pipe[1], false) &&
-      set_fd_flags(err_pipe[1], false);
+  bool ok =
+      set_fd_flags(out_pipe[0], true) && set_fd_flags(err_pipe[0], true) &&
+      set_fd_flags(out_pipe[1], false) && set_fd_flags(err_pipe[1], false);
   if (!ok) {
     message(std::string("cannot configure a pipe: ") + strerror(errno));
   }
@@ -752,10 +750,7 @@ bool Launcher::start_rank(Rank& rank) {
 }
 
 void Launcher::exec_rank(
-    Rank& rank,
-    int out_write,
-    int err_write,
-    const sigset_t& original_mask) {
+    Rank& rank, int out_write, int err_write, const sigset_t& original_mask) {
   // Its own group keeps a terminal Ctrl-C from reaching the rank twice, and
   // lets one kill(-pgid) take down whatever the rank has spawned.
   (void)setpgid(0, 0);
@@ -794,7 +789,7 @@ void Launcher::exec_rank(
   execvp(argv[0], argv.data());
   const int exec_errno = errno;
   const std::string text = "ronderun: cannot run '" + options_.command[0] +
-      "': " + strerror(exec_errno) + "\n";
+                           "': " + strerror(exec_errno) + "\n";
   const char* data = text.data();
   size_t size = text.size();
   while (size > 0) {
@@ -1043,10 +1038,7 @@ void Launcher::close_stream(Rank& rank, OutputStream& stream) {
 // Writes complete lines only, each in the same write() as its prefix, so
 // lines of different ranks can never interleave.
 void Launcher::emit_lines(
-    const Rank& rank,
-    int sink,
-    const char* data,
-    size_t size) {
+    const Rank& rank, int sink, const char* data, size_t size) {
   if (!options_.prefix) {
     write_all(sink, data, size);
     return;
@@ -1056,9 +1048,10 @@ void Launcher::emit_lines(
   size_t start = 0;
   while (start < size) {
     const void* found = memchr(data + start, '\n', size - start);
-    const size_t end = found == nullptr
-        ? size
-        : static_cast<size_t>(static_cast<const char*>(found) - data) + 1;
+    const size_t end =
+        found == nullptr
+            ? size
+            : static_cast<size_t>(static_cast<const char*>(found) - data) + 1;
     text += rank.prefix;
     text.append(data + start, end - start);
     start = end;
@@ -1138,8 +1131,8 @@ void Launcher::supervise() {
   }
 }
 
-} // namespace detail
-} // namespace ronde
+}  // namespace detail
+}  // namespace ronde
 
 int main(int argc, char** argv) {
   ronde::detail::Options options;

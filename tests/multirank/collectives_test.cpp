@@ -18,8 +18,10 @@ using ronde::testing::worker_path;
 
 namespace {
 
-JobSpec spec(const std::string& scenario, int np,
-             const std::string& program = worker_path()) {
+JobSpec spec(
+    const std::string& scenario,
+    int np,
+    const std::string& program = worker_path()) {
   JobSpec s;
   s.argv = {program, scenario};
   s.np = np;
@@ -60,21 +62,26 @@ TEST_P(Collectives, KilledPeerFailsOthersWithinTimeout) {
       continue;
     }
     EXPECT_EQ(rank.exit_code, 3) << r.dump();
-    EXPECT_TRUE(contains(rank.output, "COMM_ERROR: ronde: allreduce of 'big' failed on rank " +
-                                          std::to_string(rank.rank)))
+    EXPECT_TRUE(contains(
+        rank.output,
+        "COMM_ERROR: ronde: allreduce of 'big' failed on rank " +
+            std::to_string(rank.rank)))
         << r.dump();
     // Every survivor names someone it could not hear from. (A survivor whose
     // failure notice arrives after rank 0, which hosts the store, has exited
     // may name rank 0 instead of the dead rank: suspects are a hint.)
     auto at = rank.output.find("SUSPECTS:");
     ASSERT_NE(at, std::string::npos) << r.dump();
-    std::string suspects = rank.output.substr(at + 9, rank.output.find('\n', at) - at - 9);
+    std::string suspects =
+        rank.output.substr(at + 9, rank.output.find('\n', at) - at - 9);
     EXPECT_FALSE(suspects.empty()) << r.dump();
-    if (contains(suspects, std::to_string(n - 1))) ++named_dead;
+    if (contains(suspects, std::to_string(n - 1)))
+      ++named_dead;
     EXPECT_TRUE(contains(rank.output, "LATER: ronde:")) << r.dump();
   }
   EXPECT_GE(named_dead, 1) << "no survivor named the killed rank\n" << r.dump();
-  // Well within the collective timeout: the failure is detected, not waited out.
+  // Well within the collective timeout: the failure is detected, not waited
+  // out.
   EXPECT_LT(r.seconds, 50.0) << r.dump();
 }
 
@@ -83,9 +90,14 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
 TEST(Collectives, SingleProcessNeedsNoLauncher) {
   // No launcher variables at all: world size 1, no network, same results.
   JobSpec s = spec("collectives", 1);
-  for (const char* v : {"RONDE_RANK", "RONDE_SIZE", "RONDE_LOCAL_RANK",
-                        "RONDE_LOCAL_SIZE", "RONDE_RENDEZVOUS_ADDR",
-                        "RONDE_RENDEZVOUS_PORT", "RONDE_JOB_ID"}) {
+  for (const char* v :
+       {"RONDE_RANK",
+        "RONDE_SIZE",
+        "RONDE_LOCAL_RANK",
+        "RONDE_LOCAL_SIZE",
+        "RONDE_RENDEZVOUS_ADDR",
+        "RONDE_RENDEZVOUS_PORT",
+        "RONDE_JOB_ID"}) {
     s.env[v] = "";
   }
   JobResult r = run_job(s);
@@ -175,7 +187,8 @@ void expect_clean_refusal(const JobResult& r, const std::string& needle) {
     EXPECT_TRUE(contains(rank.output, "INIT_ERROR: ronde:")) << r.dump();
   }
   bool named = false;
-  for (const auto& rank : r.ranks) named |= contains(rank.output, needle);
+  for (const auto& rank : r.ranks)
+    named |= contains(rank.output, needle);
   EXPECT_TRUE(named) << r.dump();
 }
 

@@ -26,7 +26,8 @@ namespace ronde::testing {
 
 std::string JobResult::dump() const {
   std::ostringstream os;
-  if (timed_out) os << "*** job timed out ***\n";
+  if (timed_out)
+    os << "*** job timed out ***\n";
   for (const auto& r : ranks) {
     os << "--- rank " << r.rank << ": ";
     if (r.signal != 0) {
@@ -40,16 +41,19 @@ std::string JobResult::dump() const {
 }
 
 bool JobResult::all_succeeded() const {
-  if (timed_out) return false;
+  if (timed_out)
+    return false;
   for (const auto& r : ranks) {
-    if (r.signal != 0 || r.exit_code != 0) return false;
+    if (r.signal != 0 || r.exit_code != 0)
+      return false;
   }
   return true;
 }
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error("socket() failed");
+  if (fd < 0)
+    throw std::runtime_error("socket() failed");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -75,8 +79,8 @@ std::string unique_job_id() {
 
 std::string make_temp_dir() {
   const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/tmp") +
-                     "/ronde-test-XXXXXX";
+  std::string tmpl =
+      std::string(base && *base ? base : "/tmp") + "/ronde-test-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) {
@@ -94,11 +98,14 @@ std::string worker_path() {
 }
 
 RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
-  if (spec_.job_id.empty()) spec_.job_id = unique_job_id();
-  if (spec_.port == 0) spec_.port = free_port();
+  if (spec_.job_id.empty())
+    spec_.job_id = unique_job_id();
+  if (spec_.port == 0)
+    spec_.port = free_port();
   ranks_ = spec_.only_ranks;
   if (ranks_.empty()) {
-    for (int r = 0; r < spec_.np; ++r) ranks_.push_back(r);
+    for (int r = 0; r < spec_.np; ++r)
+      ranks_.push_back(r);
   }
   std::string dir = make_temp_dir();
   start_ = std::chrono::steady_clock::now();
@@ -107,7 +114,8 @@ RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv = *e;
       auto eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+      if (eq != std::string::npos)
+        env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     env["RONDE_RANK"] = std::to_string(r);
     env["RONDE_SIZE"] = std::to_string(spec_.np);
@@ -118,22 +126,27 @@ RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
     env["RONDE_JOB_ID"] = spec_.job_id;
     // Two ranks share two cores: one intra-op thread each avoids thrashing.
     env["OMP_NUM_THREADS"] = "1";
-    for (const auto& [k, v] : spec_.env) env[k] = v;
+    for (const auto& [k, v] : spec_.env)
+      env[k] = v;
 
     std::vector<std::string> env_strings;
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    for (const auto& [k, v] : env)
+      env_strings.push_back(k + "=" + v);
     std::vector<char*> envp;
-    for (auto& s : env_strings) envp.push_back(s.data());
+    for (auto& s : env_strings)
+      envp.push_back(s.data());
     envp.push_back(nullptr);
     std::vector<std::string> args = spec_.argv;
     std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
+    for (auto& a : args)
+      argv.push_back(a.data());
     argv.push_back(nullptr);
 
     std::string log = dir + "/rank" + std::to_string(r) + ".log";
     logs_.push_back(log);
     pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid < 0)
+      throw std::runtime_error("fork failed");
     if (pid == 0) {
       int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
@@ -143,7 +156,8 @@ RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
       }
       ::setpgid(0, 0);
       ::execve(argv[0], argv.data(), envp.data());
-      std::fprintf(stderr, "exec %s failed: %s\n", argv[0], std::strerror(errno));
+      std::fprintf(
+          stderr, "exec %s failed: %s\n", argv[0], std::strerror(errno));
       ::_exit(127);
     }
     pids_.push_back(pid);
@@ -152,8 +166,10 @@ RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
 
 RunningJob::~RunningJob() {
   if (!waited_) {
-    for (int pid : pids_) ::kill(-pid, SIGKILL);
-    for (int pid : pids_) ::waitpid(pid, nullptr, 0);
+    for (int pid : pids_)
+      ::kill(-pid, SIGKILL);
+    for (int pid : pids_)
+      ::waitpid(pid, nullptr, 0);
   }
 }
 
@@ -166,7 +182,8 @@ JobResult RunningJob::wait() {
   auto deadline = start_ + spec_.timeout;
   while (remaining > 0) {
     for (size_t i = 0; i < n; ++i) {
-      if (done[i]) continue;
+      if (done[i])
+        continue;
       int st = 0;
       pid_t rc = ::waitpid(pids_[i], &st, WNOHANG);
       if (rc == pids_[i]) {
@@ -175,24 +192,28 @@ JobResult RunningJob::wait() {
         --remaining;
       }
     }
-    if (remaining == 0) break;
+    if (remaining == 0)
+      break;
     if (std::chrono::steady_clock::now() > deadline) {
       result.timed_out = true;
       for (size_t i = 0; i < n; ++i) {
-        if (!done[i]) ::kill(-pids_[i], SIGKILL);
+        if (!done[i])
+          ::kill(-pids_[i], SIGKILL);
       }
       for (size_t i = 0; i < n; ++i) {
-        if (!done[i]) ::waitpid(pids_[i], &status[i], 0);
+        if (!done[i])
+          ::waitpid(pids_[i], &status[i], 0);
       }
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Grandchildren share each rank's process group; none may outlive it.
-  for (size_t i = 0; i < n; ++i) ::kill(-pids_[i], SIGKILL);
-  result.seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start_)
-                       .count();
+  for (size_t i = 0; i < n; ++i)
+    ::kill(-pids_[i], SIGKILL);
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+          .count();
   for (size_t i = 0; i < n; ++i) {
     RankResult r;
     r.rank = ranks_[i];

@@ -12,9 +12,9 @@ namespace ronde::testing {
 
 struct RankResult {
   int rank = -1;
-  int exit_code = -1;   // valid when signal == 0
-  int signal = 0;       // the signal that ended the process, if any
-  std::string output;   // stdout and stderr, interleaved
+  int exit_code = -1;  // valid when signal == 0
+  int signal = 0;      // the signal that ended the process, if any
+  std::string output;  // stdout and stderr, interleaved
 };
 
 struct JobResult {
@@ -46,8 +46,12 @@ class RunningJob {
   ~RunningJob();
   // Waits for every rank (killing all at the timeout) and collects results.
   JobResult wait();
-  const JobSpec& spec() const { return spec_; }
-  int pid(int i) const { return pids_.at(i); }
+  const JobSpec& spec() const {
+    return spec_;
+  }
+  int pid(int i) const {
+    return pids_.at(i);
+  }
 
  private:
   JobSpec spec_;

@@ -15,8 +15,8 @@ using ronde::testing::worker_path;
 
 namespace {
 
-JobResult run_optim(int np, const std::string& optimizer,
-                    const std::string& variant) {
+JobResult run_optim(
+    int np, const std::string& optimizer, const std::string& variant) {
   JobSpec s;
   s.argv = {worker_path(), "optim", optimizer, variant};
   s.np = np;
@@ -39,18 +39,36 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Optimizers, OptimizerEquivalence,
-    ::testing::Combine(::testing::Values(2, 4),
-                       ::testing::Values("sgd", "sgd_nesterov", "adam", "adamw",
-                                         "rmsprop", "adagrad", "lbfgs", "custom"),
-                       ::testing::Values("plain")),
+    Optimizers,
+    OptimizerEquivalence,
+    ::testing::Combine(
+        ::testing::Values(2, 4),
+        ::testing::Values(
+            "sgd",
+            "sgd_nesterov",
+            "adam",
+            "adamw",
+            "rmsprop",
+            "adagrad",
+            "lbfgs",
+            "custom"),
+        ::testing::Values("plain")),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(
-    Variants, OptimizerEquivalence,
-    ::testing::Combine(::testing::Values(2, 4), ::testing::Values("sgd", "adam"),
-                       ::testing::Values("bpps2", "unused", "groups", "steplr",
-                                         "copy", "smallbuckets", "keepgrad")),
+    Variants,
+    OptimizerEquivalence,
+    ::testing::Combine(
+        ::testing::Values(2, 4),
+        ::testing::Values("sgd", "adam"),
+        ::testing::Values(
+            "bpps2",
+            "unused",
+            "groups",
+            "steplr",
+            "copy",
+            "smallbuckets",
+            "keepgrad")),
     case_name);
 
 TEST(DistributedOptimizer, ErrorsReachEveryRank) {
@@ -69,7 +87,8 @@ TEST(DistributedOptimizer, BucketsLaunchDuringBackwardAndHooksAreReleased) {
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
-class TrainingAids : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+class TrainingAids
+    : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 // GradScaler overflow on one rank, compression error bounds, LR scaling
 // without compounding, sampler shards.
@@ -83,12 +102,15 @@ TEST_P(TrainingAids, HoldOnEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Scenarios, TrainingAids,
-    ::testing::Combine(::testing::Values("amp_overflow", "compression",
-                                         "lr_scaling", "sampler"),
-                       ::testing::Values(2, 4)),
+    Scenarios,
+    TrainingAids,
+    ::testing::Combine(
+        ::testing::Values(
+            "amp_overflow", "compression", "lr_scaling", "sampler"),
+        ::testing::Values(2, 4)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, int>>& info) {
-      return std::get<0>(info.param) + "_np" + std::to_string(std::get<1>(info.param));
+      return std::get<0>(info.param) + "_np" +
+             std::to_string(std::get<1>(info.param));
     });
 
 }  // namespace

@@ -26,7 +26,6 @@ namespace {
 
 using ronde::testing::expect_error;
 
-
 // Exact comparison for integers and for reductions whose order does not
 // matter; a tolerance for float sums reduced in ring order.
 bool close(const at::Tensor& a, const at::Tensor& b) {
@@ -34,17 +33,17 @@ bool close(const at::Tensor& a, const at::Tensor& b) {
     return false;
   }
   if (at::isFloatingType(a.scalar_type())) {
-    double tol = a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16
-                     ? 2e-2
-                     : 1e-5;
+    double tol =
+        a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16 ? 2e-2
+                                                                         : 1e-5;
     return at::allclose(a.to(at::kDouble), b.to(at::kDouble), tol, tol, true);
   }
   return at::equal(a, b);
 }
 
 // Rank r's input for a collective: deterministic in (r, seed, shape).
-at::Tensor input_for(int r, int64_t seed, at::IntArrayRef shape,
-                     at::ScalarType dtype) {
+at::Tensor input_for(
+    int r, int64_t seed, at::IntArrayRef shape, at::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 131 + r);
   if (at::isFloatingType(dtype)) {
     return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat))
@@ -55,8 +54,12 @@ at::Tensor input_for(int r, int64_t seed, at::IntArrayRef shape,
       .to(dtype);
 }
 
-at::Tensor reference_reduce(int n, int64_t seed, at::IntArrayRef shape,
-                            at::ScalarType dtype, ronde::ReduceOp op) {
+at::Tensor reference_reduce(
+    int n,
+    int64_t seed,
+    at::IntArrayRef shape,
+    at::ScalarType dtype,
+    ronde::ReduceOp op) {
   // Reduce in double/long so the reference is not itself rounded per step,
   // then cast to the tensor's dtype.
   auto wide = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
@@ -65,44 +68,65 @@ at::Tensor reference_reduce(int n, int64_t seed, at::IntArrayRef shape,
     at::Tensor x = input_for(r, seed, shape, dtype).to(wide);
     switch (op) {
       case ronde::ReduceOp::Sum:
-      case ronde::ReduceOp::Average: acc = acc + x; break;
-      case ronde::ReduceOp::Min: acc = at::minimum(acc, x); break;
-      case ronde::ReduceOp::Max: acc = at::maximum(acc, x); break;
-      case ronde::ReduceOp::Product: acc = acc * x; break;
+      case ronde::ReduceOp::Average:
+        acc = acc + x;
+        break;
+      case ronde::ReduceOp::Min:
+        acc = at::minimum(acc, x);
+        break;
+      case ronde::ReduceOp::Max:
+        acc = at::maximum(acc, x);
+        break;
+      case ronde::ReduceOp::Product:
+        acc = acc * x;
+        break;
     }
   }
-  if (op == ronde::ReduceOp::Average) acc = acc / n;
+  if (op == ronde::ReduceOp::Average)
+    acc = acc / n;
   return acc.to(dtype);
 }
 
-const std::vector<at::ScalarType> kFloatTypes = {at::kFloat, at::kDouble,
-                                                 at::kHalf, at::kBFloat16};
-const std::vector<at::ScalarType> kIntTypes = {at::kChar, at::kByte, at::kShort,
-                                               at::kInt, at::kLong};
+const std::vector<at::ScalarType> kFloatTypes = {
+    at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+const std::vector<at::ScalarType> kIntTypes = {
+    at::kChar, at::kByte, at::kShort, at::kInt, at::kLong};
 
 void check_allreduce() {
   const int n = ronde::size(), me = ronde::rank();
   int64_t seed = 1;
-  std::vector<ronde::ReduceOp> ops = {ronde::ReduceOp::Sum, ronde::ReduceOp::Average,
-                                      ronde::ReduceOp::Min, ronde::ReduceOp::Max,
-                                      ronde::ReduceOp::Product};
+  std::vector<ronde::ReduceOp> ops = {
+      ronde::ReduceOp::Sum,
+      ronde::ReduceOp::Average,
+      ronde::ReduceOp::Min,
+      ronde::ReduceOp::Max,
+      ronde::ReduceOp::Product};
   std::vector<at::ScalarType> types = kFloatTypes;
   types.insert(types.end(), kIntTypes.begin(), kIntTypes.end());
   for (auto dtype : types) {
     for (auto op : ops) {
       bool is_int = !at::isFloatingType(dtype);
-      if (is_int && op == ronde::ReduceOp::Average) continue;
-      for (std::vector<int64_t> shape : {std::vector<int64_t>{0},
-                                         std::vector<int64_t>{7},
-                                         std::vector<int64_t>{33, 65}}) {
+      if (is_int && op == ronde::ReduceOp::Average)
+        continue;
+      for (std::vector<int64_t> shape :
+           {std::vector<int64_t>{0},
+            std::vector<int64_t>{7},
+            std::vector<int64_t>{33, 65}}) {
         ++seed;
         at::Tensor x = input_for(me, seed, shape, dtype);
         at::Tensor before = x.clone();
         at::Tensor got = ronde::allreduce(
-            x, ronde::AllreduceOptions().op(op).name("t" + std::to_string(seed)));
+            x,
+            ronde::AllreduceOptions().op(op).name("t" + std::to_string(seed)));
         at::Tensor want = reference_reduce(n, seed, shape, dtype, op);
-        CHECK_W(close(got, want), "allreduce ", ronde::to_string(op), " ",
-                      dtype, " ", shape);
+        CHECK_W(
+            close(got, want),
+            "allreduce ",
+            ronde::to_string(op),
+            " ",
+            dtype,
+            " ",
+            shape);
         CHECK_W(at::equal(x, before), "allreduce changed its input");
         // In place, on a non-contiguous view.
         at::Tensor base = input_for(me, seed, {shape[0], 2}, dtype);
@@ -116,24 +140,36 @@ void check_allreduce() {
             auto w = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
             at::Tensor acc;
             for (int r = 0; r < n; ++r) {
-              at::Tensor c = input_for(r, seed, {shape[0], 2}, dtype)
-                                 .select(1, 0).to(w);
-              if (r == 0) { acc = c; continue; }
+              at::Tensor c =
+                  input_for(r, seed, {shape[0], 2}, dtype).select(1, 0).to(w);
+              if (r == 0) {
+                acc = c;
+                continue;
+              }
               switch (op) {
                 case ronde::ReduceOp::Sum:
-                case ronde::ReduceOp::Average: acc = acc + c; break;
-                case ronde::ReduceOp::Min: acc = at::minimum(acc, c); break;
-                case ronde::ReduceOp::Max: acc = at::maximum(acc, c); break;
-                case ronde::ReduceOp::Product: acc = acc * c; break;
+                case ronde::ReduceOp::Average:
+                  acc = acc + c;
+                  break;
+                case ronde::ReduceOp::Min:
+                  acc = at::minimum(acc, c);
+                  break;
+                case ronde::ReduceOp::Max:
+                  acc = at::maximum(acc, c);
+                  break;
+                case ronde::ReduceOp::Product:
+                  acc = acc * c;
+                  break;
               }
             }
-            if (op == ronde::ReduceOp::Average) acc = acc / n;
+            if (op == ronde::ReduceOp::Average)
+              acc = acc / n;
             return acc.to(dtype);
           }();
-          CHECK_W(close(col.contiguous(), wide_ref), "allreduce_ view ",
-                        dtype);
-          CHECK_W(at::equal(base.select(1, 1), col_before),
-                        "allreduce_ touched the other column");
+          CHECK_W(close(col.contiguous(), wide_ref), "allreduce_ view ", dtype);
+          CHECK_W(
+              at::equal(base.select(1, 1), col_before),
+              "allreduce_ touched the other column");
         }
       }
     }
@@ -141,9 +177,13 @@ void check_allreduce() {
   // Prescale and postscale.
   at::Tensor x = input_for(me, 999, {10}, at::kFloat);
   at::Tensor got = ronde::allreduce(
-      x, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).prescale_factor(0.5)
-             .postscale_factor(3.0));
-  at::Tensor want = reference_reduce(n, 999, {10}, at::kFloat, ronde::ReduceOp::Sum) * 1.5;
+      x,
+      ronde::AllreduceOptions()
+          .op(ronde::ReduceOp::Sum)
+          .prescale_factor(0.5)
+          .postscale_factor(3.0));
+  at::Tensor want =
+      reference_reduce(n, 999, {10}, at::kFloat, ronde::ReduceOp::Sum) * 1.5;
   CHECK_W(close(got, want), "prescale/postscale");
 }
 
@@ -170,8 +210,9 @@ void check_broadcast() {
       at::Tensor want = input_for(root, 40 + root, {4, 5}, dtype);
       at::Tensor got = ronde::broadcast(x, root);
       CHECK_W(at::equal(got, want), "broadcast root ", root);
-      CHECK_W(at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
-                    "out-of-place broadcast changed its input");
+      CHECK_W(
+          at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
+          "out-of-place broadcast changed its input");
       ronde::broadcast_(x, root);
       CHECK_W(at::equal(x, want), "broadcast_ root ", root);
     }
@@ -183,17 +224,20 @@ void check_alltoall() {
   // Rank r sends (r + d) % 3 rows to rank d.
   auto splits_of = [&](int r) {
     std::vector<int64_t> s;
-    for (int d = 0; d < n; ++d) s.push_back((r + d) % 3);
+    for (int d = 0; d < n; ++d)
+      s.push_back((r + d) % 3);
     return s;
   };
   auto rows_of = [&](int r) {
     int64_t t = 0;
-    for (auto v : splits_of(r)) t += v;
+    for (auto v : splits_of(r))
+      t += v;
     return t;
   };
   for (auto dtype : {at::kFloat, at::kLong}) {
     at::Tensor x = input_for(me, 77, {rows_of(me), 2}, dtype);
-    auto h = ronde::alltoall_async(x, ronde::AlltoallOptions().splits(splits_of(me)));
+    auto h = ronde::alltoall_async(
+        x, ronde::AlltoallOptions().splits(splits_of(me)));
     at::Tensor got = h.result();
     std::vector<at::Tensor> parts;
     std::vector<int64_t> want_splits;
@@ -201,7 +245,8 @@ void check_alltoall() {
       at::Tensor src = input_for(r, 77, {rows_of(r), 2}, dtype);
       auto s = splits_of(r);
       int64_t offset = 0;
-      for (int d = 0; d < me; ++d) offset += s[d];
+      for (int d = 0; d < me; ++d)
+        offset += s[d];
       parts.push_back(src.narrow(0, offset, s[me]));
       want_splits.push_back(s[me]);
     }
@@ -223,13 +268,12 @@ void check_reducescatter() {
   for (int64_t rows : {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1)}) {
     at::Tensor x = input_for(me, 300 + rows, {rows, 3}, at::kFloat);
     at::Tensor got = ronde::reducescatter(x);
-    at::Tensor full = reference_reduce(n, 300 + rows, {rows, 3}, at::kFloat,
-                                       ronde::ReduceOp::Average);
+    at::Tensor full = reference_reduce(
+        n, 300 + rows, {rows, 3}, at::kFloat, ronde::ReduceOp::Average);
     int64_t base = rows / n, extra = rows % n;
     int64_t start = me * base + std::min<int64_t>(me, extra);
     int64_t count = base + (me < extra ? 1 : 0);
-    CHECK_W(close(got, full.narrow(0, start, count)), "reducescatter ",
-                  rows);
+    CHECK_W(close(got, full.narrow(0, start, count)), "reducescatter ", rows);
   }
 }
 
@@ -245,10 +289,13 @@ void check_async() {
   for (int i = 7; i >= 0; --i) {
     CHECK_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
     CHECK_W(handles[i].done(), "handle not done after wait");
-    CHECK_W(close(handles[i].result(),
-                        reference_reduce(n, 500 + i, {1000 + i}, at::kFloat,
-                                         ronde::ReduceOp::Sum)),
-                  "async allreduce ", i);
+    CHECK_W(
+        close(
+            handles[i].result(),
+            reference_reduce(
+                n, 500 + i, {1000 + i}, at::kFloat, ronde::ReduceOp::Sum)),
+        "async allreduce ",
+        i);
   }
   ronde::barrier_async().wait();
   ronde::barrier();
@@ -279,25 +326,29 @@ int scenario_mismatch() {
   expect_error(
       [&] {
         int64_t cols = me == ronde::size() - 1 ? 6 : 5;
-        ronde::allreduce(at::ones({4, cols}),
-                         ronde::AllreduceOptions().name("weights"));
+        ronde::allreduce(
+            at::ones({4, cols}), ronde::AllreduceOptions().name("weights"));
       },
       {"disagree", "'weights'", "Float[4, 5]", "Float[4, 6]"});
   // Op differs.
   expect_error(
       [&] {
-        ronde::allreduce(at::ones({3}),
-                         ronde::AllreduceOptions().op(
-                             me == 0 ? ronde::ReduceOp::Sum : ronde::ReduceOp::Max));
+        ronde::allreduce(
+            at::ones({3}),
+            ronde::AllreduceOptions().op(
+                me == 0 ? ronde::ReduceOp::Sum : ronde::ReduceOp::Max));
       },
       {"disagree", "allreduce(sum)", "allreduce(max)"});
   // Dtype differs.
   expect_error(
-      [&] { ronde::allreduce(at::ones({3}, me == 0 ? at::kFloat : at::kDouble)); },
+      [&] {
+        ronde::allreduce(at::ones({3}, me == 0 ? at::kFloat : at::kDouble));
+      },
       {"disagree", "Float[3]", "Double[3]"});
   // Root differs.
-  expect_error([&] { ronde::broadcast(at::ones({3}), me == 0 ? 0 : 1); },
-               {"disagree", "root 0", "root 1"});
+  expect_error(
+      [&] { ronde::broadcast(at::ones({3}), me == 0 ? 0 : 1); },
+      {"disagree", "root 0", "root 1"});
   // Different collectives altogether.
   expect_error(
       [&] {
@@ -309,27 +360,34 @@ int scenario_mismatch() {
       },
       {"disagree", "allgather", "allreduce"});
   // Allgather: dims beyond 0 must agree.
-  expect_error([&] { ronde::allgather(at::ones({2, me + 1})); },
-               {"disagree", "allgather"});
+  expect_error(
+      [&] {
+        ronde::allgather(at::ones({2, me + 1}));
+      },
+      {"disagree", "allgather"});
   // A bad argument on one rank only is reported on every rank.
   expect_error(
       [&] {
         std::vector<int64_t> splits(ronde::size(), 1);
-        if (me == 1) splits[0] = 5;
-        ronde::alltoall(at::ones({ronde::size()}),
-                        ronde::AlltoallOptions().splits(splits).name("bad"));
+        if (me == 1)
+          splits[0] = 5;
+        ronde::alltoall(
+            at::ones({ronde::size()}),
+            ronde::AlltoallOptions().splits(splits).name("bad"));
       },
       {"rejected", "rank 1: splits sum to"});
-  expect_error([&] { ronde::allreduce(at::ones({2}, at::kInt)); },
-               {"average of integer tensors"});
-  expect_error([&] { ronde::broadcast(at::ones({2}), 99); },
-               {"root rank 99"});
+  expect_error(
+      [&] { ronde::allreduce(at::ones({2}, at::kInt)); },
+      {"average of integer tensors"});
+  expect_error([&] { ronde::broadcast(at::ones({2}), 99); }, {"root rank 99"});
   // The communicator is still healthy afterwards.
-  at::Tensor got = ronde::allreduce(at::ones({3}) * (me + 1),
-                                    ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  at::Tensor got = ronde::allreduce(
+      at::ones({3}) * (me + 1),
+      ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
   int n = ronde::size();
-  CHECK_W(at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
-                "allreduce after mismatches");
+  CHECK_W(
+      at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
+      "allreduce after mismatches");
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }
@@ -360,7 +418,8 @@ int scenario_kill_peer() {
       std::this_thread::sleep_for(std::chrono::seconds(std::atoi(linger)));
     }
     std::cout << "SUSPECTS:";
-    for (int s : e.suspect_ranks()) std::cout << " " << s;
+    for (int s : e.suspect_ranks())
+      std::cout << " " << s;
     std::cout << std::endl;
     // Later calls fail at once, without hanging.
     try {
@@ -382,16 +441,18 @@ int scenario_hold(const std::string& dir) {
   ronde::barrier();
   if (ronde::rank() == 0) {
     std::FILE* f = std::fopen((dir + "/ready").c_str(), "w");
-    if (f) std::fclose(f);
+    if (f)
+      std::fclose(f);
   }
   struct stat st {};
   for (int i = 0; i < 600 && ::stat((dir + "/go").c_str(), &st) != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  at::Tensor got = ronde::allreduce(at::ones({5}), ronde::AllreduceOptions().op(
-                                                       ronde::ReduceOp::Sum));
-  CHECK_W(at::allclose(got, at::full({5}, double(ronde::size()))),
-                "allreduce after the intruder");
+  at::Tensor got = ronde::allreduce(
+      at::ones({5}), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  CHECK_W(
+      at::allclose(got, at::full({5}, double(ronde::size()))),
+      "allreduce after the intruder");
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }
@@ -430,13 +491,20 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   std::string name = argc > 1 ? argv[1] : "";
   try {
-    if (name == "collectives") return scenario_collectives();
-    if (name == "mismatch") return scenario_mismatch();
-    if (name == "kill_peer") return scenario_kill_peer();
-    if (name == "hold") return scenario_hold(argc > 2 ? argv[2] : "/tmp");
-    if (name == "intruder") return scenario_intruder();
-    if (name == "init_error") return scenario_init_error();
-    if (int rc = run_optim_scenario(argc, argv); rc >= 0) return rc;
+    if (name == "collectives")
+      return scenario_collectives();
+    if (name == "mismatch")
+      return scenario_mismatch();
+    if (name == "kill_peer")
+      return scenario_kill_peer();
+    if (name == "hold")
+      return scenario_hold(argc > 2 ? argv[2] : "/tmp");
+    if (name == "intruder")
+      return scenario_intruder();
+    if (name == "init_error")
+      return scenario_init_error();
+    if (int rc = run_optim_scenario(argc, argv); rc >= 0)
+      return rc;
   } catch (const std::exception& e) {
     std::cout << "UNCAUGHT: " << e.what() << std::endl;
     return 2;

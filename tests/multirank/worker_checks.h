@@ -25,21 +25,21 @@ inline int scenario_exit_code() {
 
 }  // namespace ronde::testing
 
-#define CHECK_W(cond, ...)                                                \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      ++::ronde::testing::check_failures();                               \
-      std::cout << "FAILED on rank " << ::ronde::rank() << " at line "    \
-                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__)   \
-                << std::endl;                                             \
-    }                                                                     \
+#define CHECK_W(cond, ...)                                             \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      ++::ronde::testing::check_failures();                            \
+      std::cout << "FAILED on rank " << ::ronde::rank() << " at line " \
+                << __LINE__ << ": " #cond " " << c10::str(__VA_ARGS__) \
+                << std::endl;                                          \
+    }                                                                  \
   } while (0)
 
 namespace ronde::testing {
 
 // Runs fn, expecting a c10::Error whose message contains every needle.
-inline void expect_error(const std::function<void()>& fn,
-                         const std::vector<std::string>& needles) {
+inline void expect_error(
+    const std::function<void()>& fn, const std::vector<std::string>& needles) {
   try {
     fn();
     CHECK_W(false, "expected an error containing '", needles[0], "'");
@@ -47,8 +47,12 @@ inline void expect_error(const std::function<void()>& fn,
     std::string msg = e.what_without_backtrace();
     std::cout << "ERROR_SEEN: " << msg << std::endl;
     for (const auto& needle : needles) {
-      CHECK_W(msg.find(needle) != std::string::npos, "message lacks '", needle,
-              "': ", msg);
+      CHECK_W(
+          msg.find(needle) != std::string::npos,
+          "message lacks '",
+          needle,
+          "': ",
+          msg);
     }
   }
 }

@@ -16,7 +16,6 @@ namespace {
 
 using ronde::testing::expect_error;
 
-
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(bool use_extra) : use_extra_(use_extra) {
     fc1 = register_module("fc1", torch::nn::Linear(8, 16));
@@ -27,7 +26,8 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {
     x = torch::tanh(fc1->forward(x));
     x = torch::tanh(fc2->forward(x));
-    if (use_extra_) x = torch::tanh(extra->forward(x));
+    if (use_extra_)
+      x = torch::tanh(extra->forward(x));
     return fc3->forward(x);
   }
   bool use_extra_;
@@ -43,26 +43,34 @@ Net make_net(bool use_extra) {
 }
 
 // A user-defined optimizer: plain SGD written against the Optimizer API.
-struct PlainSgdOptions : torch::optim::OptimizerCloneableOptions<PlainSgdOptions> {
+struct PlainSgdOptions
+    : torch::optim::OptimizerCloneableOptions<PlainSgdOptions> {
   explicit PlainSgdOptions(double lr) : lr_(lr) {}
   TORCH_ARG(double, lr);
-  double get_lr() const override { return lr(); }
-  void set_lr(const double lr) override { this->lr(lr); }
+  double get_lr() const override {
+    return lr();
+  }
+  void set_lr(const double lr) override {
+    this->lr(lr);
+  }
 };
 
 class PlainSgd : public torch::optim::Optimizer {
  public:
-  PlainSgd(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-           PlainSgdOptions defaults)
+  PlainSgd(
+      const std::vector<torch::optim::OptimizerParamGroup>& groups,
+      PlainSgdOptions defaults)
       : Optimizer(groups, std::make_unique<PlainSgdOptions>(defaults)) {}
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
     torch::Tensor loss;
-    if (closure) loss = closure();
+    if (closure)
+      loss = closure();
     for (auto& group : param_groups()) {
       double lr = group.options().get_lr();
       for (auto& p : group.params()) {
-        if (p.grad().defined()) p.add_(p.grad(), -lr);
+        if (p.grad().defined())
+          p.add_(p.grad(), -lr);
       }
     }
     return loss;
@@ -73,49 +81,63 @@ using Groups = std::vector<torch::optim::OptimizerParamGroup>;
 
 // Two groups when asked: the first two layers (given half the LR below).
 Groups make_groups(Net& net, bool two_groups) {
-  if (!two_groups) return {torch::optim::OptimizerParamGroup(net->parameters())};
+  if (!two_groups)
+    return {torch::optim::OptimizerParamGroup(net->parameters())};
   std::vector<torch::Tensor> first, rest;
   for (auto& item : net->named_parameters()) {
-    (item.key().rfind("fc1", 0) == 0 || item.key().rfind("fc2", 0) == 0
-         ? first : rest).push_back(item.value());
+    (item.key().rfind("fc1", 0) == 0 || item.key().rfind("fc2", 0) == 0 ? first
+                                                                        : rest)
+        .push_back(item.value());
   }
-  return {torch::optim::OptimizerParamGroup(first),
-          torch::optim::OptimizerParamGroup(rest)};
+  return {
+      torch::optim::OptimizerParamGroup(first),
+      torch::optim::OptimizerParamGroup(rest)};
 }
 
-std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
-                                                        Net& net,
-                                                        bool two_groups) {
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& name, Net& net, bool two_groups) {
   Groups groups = make_groups(net, two_groups);
   std::shared_ptr<torch::optim::Optimizer> opt;
   if (name == "sgd") {
-    opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.05).momentum(0.9));
+    opt = std::make_shared<torch::optim::SGD>(
+        groups, torch::optim::SGDOptions(0.05).momentum(0.9));
   } else if (name == "sgd_nesterov") {
     opt = std::make_shared<torch::optim::SGD>(
-        groups, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(1e-3));
+        groups,
+        torch::optim::SGDOptions(0.05)
+            .momentum(0.9)
+            .nesterov(true)
+            .weight_decay(1e-3));
   } else if (name == "adam") {
-    opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(1e-2));
+    opt = std::make_shared<torch::optim::Adam>(
+        groups, torch::optim::AdamOptions(1e-2));
   } else if (name == "adamw") {
-    opt = std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    opt = std::make_shared<torch::optim::AdamW>(
+        groups, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   } else if (name == "rmsprop") {
-    opt = std::make_shared<torch::optim::RMSprop>(groups, torch::optim::RMSpropOptions(1e-3).momentum(0.5));
+    opt = std::make_shared<torch::optim::RMSprop>(
+        groups, torch::optim::RMSpropOptions(1e-3).momentum(0.5));
   } else if (name == "adagrad") {
-    opt = std::make_shared<torch::optim::Adagrad>(groups, torch::optim::AdagradOptions(0.05));
+    opt = std::make_shared<torch::optim::Adagrad>(
+        groups, torch::optim::AdagradOptions(0.05));
   } else if (name == "lbfgs") {
-    opt = std::make_shared<torch::optim::LBFGS>(groups, torch::optim::LBFGSOptions(0.5).max_iter(4));
+    opt = std::make_shared<torch::optim::LBFGS>(
+        groups, torch::optim::LBFGSOptions(0.5).max_iter(4));
   } else if (name == "custom") {
     opt = std::make_shared<PlainSgd>(groups, PlainSgdOptions(0.1));
   } else {
     TORCH_CHECK(false, "unknown optimizer ", name);
   }
-  if (two_groups) opt->param_groups()[0].options().set_lr(
-      opt->param_groups()[0].options().get_lr() * 0.5);
+  if (two_groups)
+    opt->param_groups()[0].options().set_lr(
+        opt->param_groups()[0].options().get_lr() * 0.5);
   return opt;
 }
 
 torch::Tensor params_flat(Net& net) {
   std::vector<torch::Tensor> v;
-  for (auto& p : net->parameters()) v.push_back(p.detach().reshape({-1}));
+  for (auto& p : net->parameters())
+    v.push_back(p.detach().reshape({-1}));
   return torch::cat(v);
 }
 
@@ -139,7 +161,8 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   Net ref = make_net(!unused);
   auto ref_opt = make_optimizer(name, ref, two_groups);
   std::unique_ptr<torch::optim::StepLR> ref_sched;
-  if (steplr) ref_sched = std::make_unique<torch::optim::StepLR>(*ref_opt, 5, 0.5);
+  if (steplr)
+    ref_sched = std::make_unique<torch::optim::StepLR>(*ref_opt, 5, 0.5);
   for (int s = 0; s < steps; ++s) {
     auto closure = [&] {
       ref_opt->zero_grad();
@@ -153,19 +176,22 @@ int scenario_optim(const std::string& name, const std::string& variant) {
       closure();
       ref_opt->step();
     }
-    if (ref_sched) ref_sched->step();
+    if (ref_sched)
+      ref_sched->step();
   }
 
   // Distributed: ranks start from different weights; broadcast fixes that.
   Net net = make_net(!unused);
   {
     torch::NoGradGuard g;
-    for (auto& p : net->parameters()) p.add_(r);
+    for (auto& p : net->parameters())
+      p.add_(r);
   }
   ronde::broadcast_parameters(net->named_parameters(), 0);
   auto base = make_optimizer(name, net, two_groups);
   ronde::DistributedOptimizer opt(
-      base, net->named_parameters(),
+      base,
+      net->named_parameters(),
       ronde::DistributedOptimizerOptions()
           .backward_passes_per_step(k)
           .gradient_as_bucket_view(variant != "copy")
@@ -175,7 +201,8 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   ronde::broadcast_optimizer_state(opt, 0);
   std::unique_ptr<torch::optim::StepLR> sched;
   // Attached to the DistributedOptimizer: it must reach the wrapped groups.
-  if (steplr) sched = std::make_unique<torch::optim::StepLR>(opt, 5, 0.5);
+  if (steplr)
+    sched = std::make_unique<torch::optim::StepLR>(opt, 5, 0.5);
   for (int s = 0; s < steps; ++s) {
     if (closure_style) {
       opt.step([&] {
@@ -190,32 +217,41 @@ int scenario_optim(const std::string& name, const std::string& variant) {
       opt.zero_grad(variant == "keepgrad" ? false : true);
       for (int64_t j = 0; j < k; ++j) {
         int64_t row = (j * n + r) * b;
-        auto loss = torch::mse_loss(net->forward(X.narrow(0, row, b)),
-                                    Y.narrow(0, row, b));
+        auto loss = torch::mse_loss(
+            net->forward(X.narrow(0, row, b)), Y.narrow(0, row, b));
         loss.backward();
       }
       opt.step();
     }
-    if (sched) sched->step();
+    if (sched)
+      sched->step();
   }
   if (steplr) {
     // 20 steps, halved every 5: four times.
     const double start = ref_opt->param_groups()[0].options().get_lr() * 16;
-    CHECK_W(std::abs(base->param_groups()[0].options().get_lr() - start / 16) < 1e-12 &&
-            std::abs(opt.param_groups()[0].options().get_lr() - start / 16) < 1e-12 &&
+    CHECK_W(
+        std::abs(base->param_groups()[0].options().get_lr() - start / 16) <
+                1e-12 &&
+            std::abs(opt.param_groups()[0].options().get_lr() - start / 16) <
+                1e-12 &&
             start > 0.009,
-            "StepLR did not reach the wrapped optimizer: ",
-            base->param_groups()[0].options().get_lr());
+        "StepLR did not reach the wrapped optimizer: ",
+        base->param_groups()[0].options().get_lr());
   }
   auto mine = params_flat(net);
   auto want = params_flat(ref);
-  CHECK_W(torch::allclose(mine, want, 1e-5, 1e-8),
-          name, "/", variant, " differs from the single-process reference: max abs diff ",
-          (mine - want).abs().max().item<double>());
+  CHECK_W(
+      torch::allclose(mine, want, 1e-5, 1e-8),
+      name,
+      "/",
+      variant,
+      " differs from the single-process reference: max abs diff ",
+      (mine - want).abs().max().item<double>());
   if (unused) {
     // Never used: its weights never moved (and its grad stayed undefined).
-    CHECK_W(!net->extra->weight.grad().defined() || name == "custom",
-            "unused parameter got a gradient");
+    CHECK_W(
+        !net->extra->weight.grad().defined() || name == "custom",
+        "unused parameter got a gradient");
   }
   // Replicas identical, bit for bit.
   auto all = ronde::allgather(mine.unsqueeze(0));
@@ -232,23 +268,29 @@ int scenario_optim_errors() {
   const int r = ronde::rank();
   // A model that differs on the last rank.
   {
-    torch::nn::Sequential model(torch::nn::Linear(4, r == ronde::size() - 1 ? 5 : 6));
-    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(0.1));
-    expect_error([&] { ronde::DistributedOptimizer opt(base, model->named_parameters()); },
-                 {"ranks disagree", "'0.weight'", "[6, 4]", "[5, 4]"});
+    torch::nn::Sequential model(
+        torch::nn::Linear(4, r == ronde::size() - 1 ? 5 : 6));
+    auto base = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
+    expect_error(
+        [&] {
+          ronde::DistributedOptimizer opt(base, model->named_parameters());
+        },
+        {"ranks disagree", "'0.weight'", "[6, 4]", "[5, 4]"});
   }
   // step() after 1 of 2 backward passes.
   {
     torch::nn::Linear model(4, 2);
-    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(0.1));
+    auto base = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
     ronde::DistributedOptimizer opt(
-        base, model->named_parameters(),
+        base,
+        model->named_parameters(),
         ronde::DistributedOptimizerOptions().backward_passes_per_step(2));
     model->forward(torch::ones({3, 4})).sum().backward();
-    expect_error([&] { opt.step(); }, {"after 1 backward passes",
-                                       "backward_passes_per_step is 2"});
+    expect_error(
+        [&] { opt.step(); },
+        {"after 1 backward passes", "backward_passes_per_step is 2"});
   }
   // A parameter the optimizer steps but that was not handed over.
   {
@@ -256,9 +298,13 @@ int scenario_optim_errors() {
     auto extra = torch::zeros({3}, torch::requires_grad());
     std::vector<torch::Tensor> params = model->parameters();
     params.push_back(extra);
-    auto base = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-    expect_error([&] { ronde::DistributedOptimizer opt(base, model->named_parameters()); },
-                 {"not among named_parameters"});
+    auto base = std::make_shared<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(0.1));
+    expect_error(
+        [&] {
+          ronde::DistributedOptimizer opt(base, model->named_parameters());
+        },
+        {"not among named_parameters"});
   }
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -270,7 +316,8 @@ int scenario_optim_overlap() {
   ronde::init();
   torch::manual_seed(1);
   torch::nn::Sequential model;
-  for (int i = 0; i < 8; ++i) model->push_back(torch::nn::Linear(256, 256));
+  for (int i = 0; i < 8; ++i)
+    model->push_back(torch::nn::Linear(256, 256));
   ronde::broadcast_parameters(model->named_parameters(), 0);
   auto run_steps = [&](ronde::DistributedOptimizer& opt, int steps) {
     for (int s = 0; s < steps; ++s) {
@@ -280,32 +327,41 @@ int scenario_optim_overlap() {
     }
   };
   {
-    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(0.01));
-    ronde::DistributedOptimizer opt(base, model->named_parameters(),
-                                    ronde::DistributedOptimizerOptions()
-                                        .fusion_threshold_mb(0.3)
-                                        .first_bucket_mb(0.25));
+    auto base = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.01));
+    ronde::DistributedOptimizer opt(
+        base,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions()
+            .fusion_threshold_mb(0.3)
+            .first_bucket_mb(0.25));
     run_steps(opt, 3);
     auto p = opt.last_step_profile();
-    CHECK_W(opt.buckets().size() > 2, "expected several buckets, got ", opt.buckets().size());
+    CHECK_W(
+        opt.buckets().size() > 2,
+        "expected several buckets, got ",
+        opt.buckets().size());
     CHECK_W(p.hooks == 16, "hooks ", p.hooks);
-    CHECK_W(!p.hooks_before_launch.empty() && p.hooks_before_launch[0] < p.hooks,
-            "first bucket launched only after backward finished: ",
-            p.hooks_before_launch.empty() ? -1 : p.hooks_before_launch[0], " of ", p.hooks);
-    std::cout << "first bucket launched after " << p.hooks_before_launch[0] << " of "
-              << p.hooks << " gradients" << std::endl;
+    CHECK_W(
+        !p.hooks_before_launch.empty() && p.hooks_before_launch[0] < p.hooks,
+        "first bucket launched only after backward finished: ",
+        p.hooks_before_launch.empty() ? -1 : p.hooks_before_launch[0],
+        " of ",
+        p.hooks);
+    std::cout << "first bucket launched after " << p.hooks_before_launch[0]
+              << " of " << p.hooks << " gradients" << std::endl;
   }
   {
     // The first optimizer's hooks are gone: a second one over the same
     // parameters trains and keeps replicas identical.
-    auto base = std::make_shared<torch::optim::Adam>(model->parameters(),
-                                                     torch::optim::AdamOptions(1e-3));
+    auto base = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(1e-3));
     ronde::DistributedOptimizer opt(base, model->named_parameters());
     torch::manual_seed(100 + ronde::rank());  // different data per rank
     run_steps(opt, 3);
     std::vector<torch::Tensor> flat;
-    for (auto& q : model->parameters()) flat.push_back(q.detach().reshape({-1}));
+    for (auto& q : model->parameters())
+      flat.push_back(q.detach().reshape({-1}));
     auto all = ronde::allgather(torch::cat(flat).unsqueeze(0));
     for (int q = 1; q < ronde::size(); ++q) {
       CHECK_W(torch::equal(all[q], all[0]), "replica ", q, " differs");
@@ -326,28 +382,44 @@ int scenario_amp_overflow() {
   torch::manual_seed(11);
   torch::nn::Linear model(8, 4);
   ronde::broadcast_parameters(model->named_parameters(), 0);
-  auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                  torch::optim::SGDOptions(0.1));
+  auto base = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.1));
   ronde::DistributedOptimizer opt(base, model->named_parameters());
-  ronde::GradScaler scaler(ronde::GradScalerOptions().init_scale(1024).growth_interval(3));
+  ronde::GradScaler scaler(
+      ronde::GradScalerOptions().init_scale(1024).growth_interval(3));
   const int bad_step = 2;
   std::vector<double> want = {1024, 1024, 512, 512, 512, 1024};
   for (int s = 0; s < 6; ++s) {
     opt.zero_grad();
-    auto before = torch::cat({model->weight.detach().reshape({-1}), model->bias.detach()});
-    auto loss = torch::mse_loss(model->forward(X.narrow(0, r * 4, 4)), Y.narrow(0, r * 4, 4));
+    auto before = torch::cat(
+        {model->weight.detach().reshape({-1}), model->bias.detach()});
+    auto loss = torch::mse_loss(
+        model->forward(X.narrow(0, r * 4, 4)), Y.narrow(0, r * 4, 4));
     // Only the last rank overflows.
-    if (s == bad_step && r == n - 1) loss = loss * std::numeric_limits<float>::infinity();
+    if (s == bad_step && r == n - 1)
+      loss = loss * std::numeric_limits<float>::infinity();
     scaler.scale(loss).backward();
     bool stepped = scaler.step(opt);
     scaler.update();
     CHECK_W(stepped == (s != bad_step), "step ", s, " stepped=", stepped);
-    CHECK_W(scaler.get_scale() == want[s], "scale after step ", s, ": ", scaler.get_scale());
-    auto after = torch::cat({model->weight.detach().reshape({-1}), model->bias.detach()});
-    if (s == bad_step) CHECK_W(torch::equal(before, after), "skipped step moved parameters");
+    CHECK_W(
+        scaler.get_scale() == want[s],
+        "scale after step ",
+        s,
+        ": ",
+        scaler.get_scale());
+    auto after = torch::cat(
+        {model->weight.detach().reshape({-1}), model->bias.detach()});
+    if (s == bad_step)
+      CHECK_W(torch::equal(before, after), "skipped step moved parameters");
     auto all = ronde::allgather(after.unsqueeze(0));
     for (int q = 1; q < n; ++q) {
-      CHECK_W(torch::equal(all[q], all[0]), "replica ", q, " differs after step ", s);
+      CHECK_W(
+          torch::equal(all[q], all[0]),
+          "replica ",
+          q,
+          " differs after step ",
+          s);
     }
   }
   ronde::shutdown();
@@ -362,10 +434,12 @@ int scenario_compression() {
   for (auto c : {ronde::Compression::FP16, ronde::Compression::BF16}) {
     torch::manual_seed(21);
     torch::nn::Linear model(64, 32);
-    auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                    torch::optim::SGDOptions(0.1));
-    ronde::DistributedOptimizer opt(base, model->named_parameters(),
-                                    ronde::DistributedOptimizerOptions().compression(c));
+    auto base = std::make_shared<torch::optim::SGD>(
+        model->parameters(), torch::optim::SGDOptions(0.1));
+    ronde::DistributedOptimizer opt(
+        base,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions().compression(c));
     auto x_of = [](int q) {
       torch::manual_seed(100 + q);
       return torch::randn({16, 64});
@@ -384,14 +458,22 @@ int scenario_compression() {
       exact += g / n;
     }
     double scale = exact.abs().max().item<double>();
-    double err = (got.to(torch::kDouble) - exact).abs().max().item<double>() / scale;
+    double err =
+        (got.to(torch::kDouble) - exact).abs().max().item<double>() / scale;
     // One rounding to the wire format per rank, sums of n terms, one more on
     // the way back: n + 2 units of the format's epsilon, relative to the
     // largest gradient.
-    double eps = c == ronde::Compression::FP16 ? std::pow(2, -11) : std::pow(2, -8);
-    CHECK_W(err <= (n + 2) * eps, "compression error ", err, " exceeds ", (n + 2) * eps);
+    double eps =
+        c == ronde::Compression::FP16 ? std::pow(2, -11) : std::pow(2, -8);
+    CHECK_W(
+        err <= (n + 2) * eps,
+        "compression error ",
+        err,
+        " exceeds ",
+        (n + 2) * eps);
     CHECK_W(err > 0, "compression changed nothing: not on the wire?");
-    std::cout << "compression " << (c == ronde::Compression::FP16 ? "fp16" : "bf16")
+    std::cout << "compression "
+              << (c == ronde::Compression::FP16 ? "fp16" : "bf16")
               << " max relative error " << err << std::endl;
     opt.step();
   }
@@ -404,26 +486,46 @@ int scenario_lr_scaling() {
   ronde::init();
   const int n = ronde::size();
   torch::nn::Linear model(4, 2);
-  auto lr_of = [](torch::optim::Optimizer& o) { return o.param_groups()[0].options().get_lr(); };
-  auto base = std::make_shared<torch::optim::SGD>(model->parameters(),
-                                                  torch::optim::SGDOptions(0.1));
+  auto lr_of = [](torch::optim::Optimizer& o) {
+    return o.param_groups()[0].options().get_lr();
+  };
+  auto base = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(0.1));
   {
-    ronde::DistributedOptimizer opt(base, model->named_parameters(),
-        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Linear));
+    ronde::DistributedOptimizer opt(
+        base,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions().lr_scaling(
+            ronde::LrScaling::Linear));
     CHECK_W(std::abs(lr_of(*base) - 0.1 * n) < 1e-12, "linear: ", lr_of(*base));
-    CHECK_W(std::abs(lr_of(opt) - 0.1 * n) < 1e-12, "seen through the wrapper: ", lr_of(opt));
+    CHECK_W(
+        std::abs(lr_of(opt) - 0.1 * n) < 1e-12,
+        "seen through the wrapper: ",
+        lr_of(opt));
     // Warmup from the base LR to the scaled LR, multiplier read from opt.
     ronde::WarmupScheduler sched(opt, ronde::WarmupOptions().warmup_steps(4));
-    CHECK_W(std::abs(lr_of(*base) - 0.1) < 1e-12, "warmup starts at the base LR: ", lr_of(*base));
-    for (int i = 0; i < 4; ++i) sched.step();
-    CHECK_W(std::abs(lr_of(*base) - 0.1 * n) < 1e-12, "warmup ends at the scaled LR");
+    CHECK_W(
+        std::abs(lr_of(*base) - 0.1) < 1e-12,
+        "warmup starts at the base LR: ",
+        lr_of(*base));
+    for (int i = 0; i < 4; ++i)
+      sched.step();
+    CHECK_W(
+        std::abs(lr_of(*base) - 0.1 * n) < 1e-12,
+        "warmup ends at the scaled LR");
   }
   {
     // Wrapped a second time: still base x n, not base x n x n.
-    ronde::DistributedOptimizer opt(base, model->named_parameters(),
-        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Linear)
+    ronde::DistributedOptimizer opt(
+        base,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions()
+            .lr_scaling(ronde::LrScaling::Linear)
             .backward_passes_per_step(2));
-    CHECK_W(std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12, "rewrapped: ", lr_of(*base));
+    CHECK_W(
+        std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12,
+        "rewrapped: ",
+        lr_of(*base));
     torch::serialize::OutputArchive out;
     opt.save(out);
     std::stringstream ss;
@@ -431,14 +533,23 @@ int scenario_lr_scaling() {
     torch::serialize::InputArchive in;
     in.load_from(ss);
     opt.load(in);
-    CHECK_W(std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12, "after load: ", lr_of(*base));
+    CHECK_W(
+        std::abs(lr_of(*base) - 0.1 * n * 2) < 1e-12,
+        "after load: ",
+        lr_of(*base));
   }
   {
-    auto fresh = std::make_shared<torch::optim::Adam>(model->parameters(),
-                                                      torch::optim::AdamOptions(0.01));
-    ronde::DistributedOptimizer opt(fresh, model->named_parameters(),
-        ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Sqrt));
-    CHECK_W(std::abs(lr_of(*fresh) - 0.01 * std::sqrt(n)) < 1e-12, "sqrt: ", lr_of(*fresh));
+    auto fresh = std::make_shared<torch::optim::Adam>(
+        model->parameters(), torch::optim::AdamOptions(0.01));
+    ronde::DistributedOptimizer opt(
+        fresh,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions().lr_scaling(
+            ronde::LrScaling::Sqrt));
+    CHECK_W(
+        std::abs(lr_of(*fresh) - 0.01 * std::sqrt(n)) < 1e-12,
+        "sqrt: ",
+        lr_of(*fresh));
   }
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -450,16 +561,22 @@ int scenario_sampler() {
   ronde::init();
   const int n = ronde::size();
   for (int64_t epoch : {0, 1}) {
-    ronde::DistributedSampler sampler(1001, ronde::DistributedSamplerOptions().seed(9));
+    ronde::DistributedSampler sampler(
+        1001, ronde::DistributedSamplerOptions().seed(9));
     sampler.set_epoch(epoch);
     std::vector<int64_t> mine;
-    while (auto b = sampler.next(64)) mine.insert(mine.end(), b->begin(), b->end());
-    auto all = ronde::allgather(torch::tensor(mine).unsqueeze(0));  // same length everywhere
+    while (auto b = sampler.next(64))
+      mine.insert(mine.end(), b->begin(), b->end());
+    auto all = ronde::allgather(
+        torch::tensor(mine).unsqueeze(0));  // same length everywhere
     CHECK_W(all.size(0) == n, "ranks read different amounts");
     auto flat = all.reshape({-1});
     auto unique = std::get<0>(torch::_unique(flat));
-    CHECK_W(unique.numel() == 1001, "union covers ", unique.numel(), " of 1001");
-    CHECK_W(flat.numel() == ((1001 + n - 1) / n) * n, "padded to a multiple of ranks");
+    CHECK_W(
+        unique.numel() == 1001, "union covers ", unique.numel(), " of 1001");
+    CHECK_W(
+        flat.numel() == ((1001 + n - 1) / n) * n,
+        "padded to a multiple of ranks");
   }
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -471,13 +588,20 @@ int scenario_sampler() {
 int run_optim_scenario(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "";
   if (name == "optim") {
-    return scenario_optim(argc > 2 ? argv[2] : "sgd", argc > 3 ? argv[3] : "plain");
+    return scenario_optim(
+        argc > 2 ? argv[2] : "sgd", argc > 3 ? argv[3] : "plain");
   }
-  if (name == "optim_errors") return scenario_optim_errors();
-  if (name == "optim_overlap") return scenario_optim_overlap();
-  if (name == "amp_overflow") return scenario_amp_overflow();
-  if (name == "compression") return scenario_compression();
-  if (name == "lr_scaling") return scenario_lr_scaling();
-  if (name == "sampler") return scenario_sampler();
+  if (name == "optim_errors")
+    return scenario_optim_errors();
+  if (name == "optim_overlap")
+    return scenario_optim_overlap();
+  if (name == "amp_overflow")
+    return scenario_amp_overflow();
+  if (name == "compression")
+    return scenario_compression();
+  if (name == "lr_scaling")
+    return scenario_lr_scaling();
+  if (name == "sampler")
+    return scenario_sampler();
   return -1;
 }

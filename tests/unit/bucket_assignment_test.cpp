@@ -43,9 +43,11 @@ TEST(BucketAssignment, EveryIndexExactlyOnce) {
       EXPECT_GT(b[i].front(), prev_front);
     }
     prev_front = b[i].front();
-    for (size_t idx : b[i]) ++seen[idx];
+    for (size_t idx : b[i])
+      ++seen[idx];
   }
-  for (int s : seen) EXPECT_EQ(s, 1);
+  for (int s : seen)
+    EXPECT_EQ(s, 1);
 }
 
 TEST(BucketAssignment, Empty) {

@@ -43,7 +43,7 @@ constexpr double kTimeoutSeconds = 30.0;
 constexpr int kNotExited = -1;
 
 struct RunResult {
-  int exit_code = kNotExited; // 128 + signal if ronderun itself was killed
+  int exit_code = kNotExited;  // 128 + signal if ronderun itself was killed
   bool timed_out = false;
   std::string out;
   std::string err;
@@ -146,9 +146,9 @@ class RonderunProcess {
   bool read_until(
       const std::function<bool(const std::string&, const std::string&)>& done,
       double timeout_seconds) {
-    const auto deadline = Clock::now() +
-        std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(timeout_seconds));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(timeout_seconds));
     while (!done(out_, err_)) {
       if ((out_fd_ < 0 && err_fd_ < 0) || Clock::now() >= deadline) {
         return false;
@@ -163,9 +163,9 @@ class RonderunProcess {
     if (pid_ <= 0) {
       return result;
     }
-    const auto deadline = Clock::now() +
-        std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(timeout_seconds));
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(timeout_seconds));
     while ((out_fd_ >= 0 || err_fd_ >= 0) && Clock::now() < deadline) {
       pump(100);
     }
@@ -268,7 +268,7 @@ bool process_gone(pid_t pid) {
   }
   const size_t name_end = stat.rfind(')');
   return name_end != std::string::npos && name_end + 2 < stat.size() &&
-      stat[name_end + 2] == 'Z';
+         stat[name_end + 2] == 'Z';
 }
 
 class RonderunTest : public ::testing::Test {
@@ -551,7 +551,7 @@ TEST_F(RonderunTest, ForwardsSigtermToEveryRank) {
   const bool all_ready = process.read_until(
       [](const std::string& out, const std::string&) {
         return contains(out, "[0] ready\n") && contains(out, "[1] ready\n") &&
-            contains(out, "[2] ready\n");
+               contains(out, "[2] ready\n");
       },
       kTimeoutSeconds);
   ASSERT_TRUE(all_ready) << process.out();
@@ -667,6 +667,6 @@ TEST_F(RonderunTest, RejectsBadArguments) {
   }
 }
 
-} // namespace
-} // namespace detail
-} // namespace ronde
+}  // namespace
+}  // namespace detail
+}  // namespace ronde

@@ -30,9 +30,11 @@ TEST(LrScaling, Factors) {
   EXPECT_DOUBLE_EQ(ronde::lr_scale_factor(LrScaling::Linear, 4, 2), 8.0);
   EXPECT_DOUBLE_EQ(ronde::lr_scale_factor(LrScaling::Sqrt, 4, 4), 4.0);
   EXPECT_DOUBLE_EQ(ronde::scale_lr(0.1, LrScaling::Linear), 0.1);  // 1 replica
-  EXPECT_NE(error_of([] { ronde::lr_scale_factor(LrScaling::Linear, 0); })
-                .find("replicas must be >= 1"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        ronde::lr_scale_factor(LrScaling::Linear, 0);
+      }).find("replicas must be >= 1"),
+      std::string::npos);
 }
 
 TEST(Schedule, WarmupShapesMatchClosedForms) {
@@ -71,10 +73,12 @@ TEST(Schedule, DecaysMatchClosedForms) {
 
 torch::optim::SGD two_group_sgd(torch::Tensor& a, torch::Tensor& b) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<torch::Tensor>{a},
-                      std::make_unique<torch::optim::SGDOptions>(0.1));
-  groups.emplace_back(std::vector<torch::Tensor>{b},
-                      std::make_unique<torch::optim::SGDOptions>(0.2));
+  groups.emplace_back(
+      std::vector<torch::Tensor>{a},
+      std::make_unique<torch::optim::SGDOptions>(0.1));
+  groups.emplace_back(
+      std::vector<torch::Tensor>{b},
+      std::make_unique<torch::optim::SGDOptions>(0.2));
   return torch::optim::SGD(groups, torch::optim::SGDOptions(0.1));
 }
 
@@ -82,7 +86,8 @@ TEST(WarmupScheduler, ActsOnEveryGroupKeepingRatiosAndResumes) {
   auto a = torch::zeros({2}, torch::requires_grad());
   auto b = torch::zeros({2}, torch::requires_grad());
   auto opt = two_group_sgd(a, b);
-  auto o = WarmupOptions().warmup_steps(4).multiplier(4).then(Decay::step(2, 0.5));
+  auto o =
+      WarmupOptions().warmup_steps(4).multiplier(4).then(Decay::step(2, 0.5));
   ronde::WarmupScheduler sched(opt, o);
   EXPECT_NEAR(sched.current_lrs()[0], 0.025, 1e-15);
   EXPECT_NEAR(sched.current_lrs()[1], 0.05, 1e-15);
@@ -92,7 +97,8 @@ TEST(WarmupScheduler, ActsOnEveryGroupKeepingRatiosAndResumes) {
   EXPECT_NEAR(sched.current_lrs()[1] / sched.current_lrs()[0], 2.0, 1e-12);
   torch::serialize::OutputArchive out;
   sched.save(out);
-  for (int i = 0; i < 4; ++i) sched.step();  // t = 6: one decay
+  for (int i = 0; i < 4; ++i)
+    sched.step();  // t = 6: one decay
   EXPECT_NEAR(sched.current_lrs()[0], 0.05, 1e-15);
   std::stringstream ss;
   out.save_to(ss);
@@ -103,14 +109,16 @@ TEST(WarmupScheduler, ActsOnEveryGroupKeepingRatiosAndResumes) {
   // A fresh scheduler on an optimizer whose LRs were changed meanwhile:
   // load() restores the peak LRs and the step.
   opt2.param_groups()[0].options().set_lr(9);
-  ronde::WarmupScheduler resumed(opt2, WarmupOptions().warmup_steps(4)
-                                           .multiplier(4).then(Decay::step(2, 0.5)));
+  ronde::WarmupScheduler resumed(
+      opt2,
+      WarmupOptions().warmup_steps(4).multiplier(4).then(Decay::step(2, 0.5)));
   torch::serialize::InputArchive in;
   in.load_from(ss);
   resumed.load(in);
   EXPECT_EQ(resumed.step_count(), 2);
   EXPECT_NEAR(resumed.current_lrs()[0], 0.1 * (1 + 3 * 0.5) / 4, 1e-15);
-  for (int i = 0; i < 4; ++i) resumed.step();
+  for (int i = 0; i < 4; ++i)
+    resumed.step();
   EXPECT_NEAR(resumed.current_lrs()[0], 0.05, 1e-15);
   EXPECT_NEAR(resumed.current_lrs()[1], 0.1, 1e-15);
 }
@@ -118,17 +126,22 @@ TEST(WarmupScheduler, ActsOnEveryGroupKeepingRatiosAndResumes) {
 TEST(GlobalBatch, DerivedFromPerReplica) {
   EXPECT_EQ(ronde::GlobalBatch::per_replica(32, 2).global_batch(), 64);
   EXPECT_EQ(ronde::GlobalBatch::global(64, 2).per_replica_batch(), 32);
-  EXPECT_NE(error_of([] { ronde::GlobalBatch::global(30, 4); })
-                .find("global batch 30 does not divide into 1 replicas x 4"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { ronde::GlobalBatch::per_replica(0); })
-                .find("per-replica batch must be >= 1"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        ronde::GlobalBatch::global(30, 4);
+      }).find("global batch 30 does not divide into 1 replicas x 4"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        ronde::GlobalBatch::per_replica(0);
+      }).find("per-replica batch must be >= 1"),
+      std::string::npos);
 }
 
 std::vector<size_t> drain(ronde::DistributedSampler& s, size_t batch) {
   std::vector<size_t> all;
-  while (auto b = s.next(batch)) all.insert(all.end(), b->begin(), b->end());
+  while (auto b = s.next(batch))
+    all.insert(all.end(), b->begin(), b->end());
   return all;
 }
 
@@ -139,11 +152,16 @@ TEST(DistributedSampler, ShardsAreDisjointAndCoverTheDataset) {
     std::multiset<size_t> seen;
     size_t per_rank = 0;
     for (int r = 0; r < replicas; ++r) {
-      ronde::DistributedSampler s(n, ronde::DistributedSamplerOptions()
-                                         .rank(r).replicas(replicas).seed(7)
-                                         .drop_last(drop_last));
+      ronde::DistributedSampler s(
+          n,
+          ronde::DistributedSamplerOptions()
+              .rank(r)
+              .replicas(replicas)
+              .seed(7)
+              .drop_last(drop_last));
       auto idx = drain(s, 10);
-      if (r == 0) per_rank = idx.size();
+      if (r == 0)
+        per_rank = idx.size();
       EXPECT_EQ(idx.size(), per_rank) << "every rank runs the same steps";
       seen.insert(idx.begin(), idx.end());
     }
@@ -180,20 +198,24 @@ TEST(DistributedSampler, ReshufflesPerEpochAndResumes) {
 TEST(GradScaler, ScaleTrajectoryFollowsTheRule) {
   auto w = torch::ones({3}, torch::requires_grad());
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.5));
-  ronde::GradScaler scaler(ronde::GradScalerOptions().init_scale(1024).growth_interval(2));
-  // clean, clean (grow), overflow (back off, skip), clean, overflow, clean, clean (grow)
+  ronde::GradScaler scaler(
+      ronde::GradScalerOptions().init_scale(1024).growth_interval(2));
+  // clean, clean (grow), overflow (back off, skip), clean, overflow, clean,
+  // clean (grow)
   std::vector<bool> overflow = {false, false, true, false, true, false, false};
   std::vector<double> want = {1024, 2048, 1024, 1024, 512, 512, 1024};
   for (size_t i = 0; i < overflow.size(); ++i) {
     opt.zero_grad();
     auto before = w.detach().clone();
     auto loss = (w * 2).sum();
-    if (overflow[i]) loss = loss * std::numeric_limits<float>::infinity();
+    if (overflow[i])
+      loss = loss * std::numeric_limits<float>::infinity();
     scaler.scale(loss).backward();
     if (overflow[i]) {
       EXPECT_TRUE(std::isinf(w.grad()[0].item<double>())) << i;
     } else {
-      EXPECT_NEAR(w.grad()[0].item<double>(), 2 * scaler.get_scale(), 1e-3) << i;
+      EXPECT_NEAR(w.grad()[0].item<double>(), 2 * scaler.get_scale(), 1e-3)
+          << i;
     }
     bool stepped = scaler.step(opt);
     EXPECT_EQ(stepped, !overflow[i]) << i;
@@ -219,8 +241,9 @@ TEST(GradScaler, EarlyUnscaleForClippingIsNotRepeated) {
   scaler.step(opt);
   // Clipped to norm 1 (0.5 each), not unscaled a second time.
   EXPECT_NEAR(w[0].item<double>(), 0.5, 1e-5);
-  EXPECT_NE(error_of([&] { scaler.step(opt); }).find("step() called twice"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { scaler.step(opt); }).find("step() called twice"),
+      std::string::npos);
 }
 
 TEST(Autocast, GuardCastsAndRestores) {
@@ -239,7 +262,8 @@ TEST(Autocast, Bf16TrainingConvergesOnASmallProblem) {
   auto Y = torch::mm(X, w_true);
   torch::nn::Linear model(16, 1);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
-  ronde::GradScaler scaler(ronde::GradScalerOptions().enabled(false));  // bf16: no scaling
+  ronde::GradScaler scaler(
+      ronde::GradScalerOptions().enabled(false));  // bf16: no scaling
   double first = 0, last = 0;
   for (int step = 0; step < 300; ++step) {
     opt.zero_grad();
@@ -251,7 +275,8 @@ TEST(Autocast, Bf16TrainingConvergesOnASmallProblem) {
     }
     // The loss in float32, outside autocast.
     auto loss = torch::mse_loss(pred.to(torch::kFloat), Y);
-    if (step == 0) first = loss.item<double>();
+    if (step == 0)
+      first = loss.item<double>();
     last = loss.item<double>();
     scaler.scale(loss).backward();
     scaler.step(opt);

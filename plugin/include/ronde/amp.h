@@ -48,11 +48,19 @@ class GradScaler {
   // clean steps.
   void update();
 
-  double get_scale() const { return scale_; }
-  bool is_enabled() const { return options_.enabled(); }
+  double get_scale() const {
+    return scale_;
+  }
+  bool is_enabled() const {
+    return options_.enabled();
+  }
   // Whether the last step() skipped the optimizer.
-  bool last_step_skipped() const { return last_skipped_; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  bool last_step_skipped() const {
+    return last_skipped_;
+  }
+  int64_t growth_tracker() const {
+    return growth_tracker_;
+  }
 
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
@@ -72,9 +80,10 @@ class GradScaler {
 // the guard's scope, or cast their inputs with .to(torch::kFloat)).
 class AutocastGuard {
  public:
-  explicit AutocastGuard(c10::DeviceType device = c10::kCPU,
-                         std::optional<c10::ScalarType> dtype = std::nullopt,
-                         bool enabled = true);
+  explicit AutocastGuard(
+      c10::DeviceType device = c10::kCPU,
+      std::optional<c10::ScalarType> dtype = std::nullopt,
+      bool enabled = true);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -84,47 +84,55 @@ class Handle {
 };
 
 // Returns a new tensor; the input is left untouched.
-Handle allreduce_async(const at::Tensor& tensor,
-                       const AllreduceOptions& options = {});
-at::Tensor allreduce(const at::Tensor& tensor,
-                     const AllreduceOptions& options = {});
+Handle allreduce_async(
+    const at::Tensor& tensor, const AllreduceOptions& options = {});
+at::Tensor allreduce(
+    const at::Tensor& tensor, const AllreduceOptions& options = {});
 // Reduces in place: the tensor's storage receives the result.
-Handle allreduce_async_(const at::Tensor& tensor,
-                        const AllreduceOptions& options = {});
+Handle allreduce_async_(
+    const at::Tensor& tensor, const AllreduceOptions& options = {});
 void allreduce_(const at::Tensor& tensor, const AllreduceOptions& options = {});
 
 // Concatenates every rank's tensor along dim 0, in rank order. Dim 0 may
 // differ between ranks; the other dims must agree.
-Handle allgather_async(const at::Tensor& tensor,
-                       const CollectiveOptions& options = {});
-at::Tensor allgather(const at::Tensor& tensor,
-                     const CollectiveOptions& options = {});
+Handle allgather_async(
+    const at::Tensor& tensor, const CollectiveOptions& options = {});
+at::Tensor allgather(
+    const at::Tensor& tensor, const CollectiveOptions& options = {});
 
 // Every rank receives root_rank's tensor. The out-of-place form returns it;
 // the in-place form overwrites `tensor` on non-root ranks.
-Handle broadcast_async(const at::Tensor& tensor, int root_rank,
-                       const CollectiveOptions& options = {});
-at::Tensor broadcast(const at::Tensor& tensor, int root_rank,
-                     const CollectiveOptions& options = {});
-Handle broadcast_async_(const at::Tensor& tensor, int root_rank,
-                        const CollectiveOptions& options = {});
-void broadcast_(const at::Tensor& tensor, int root_rank,
-                const CollectiveOptions& options = {});
+Handle broadcast_async(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options = {});
+at::Tensor broadcast(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options = {});
+Handle broadcast_async_(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options = {});
+void broadcast_(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options = {});
 
 // Sends rows splits[r] to rank r and returns the rows received from every
 // rank, concatenated in rank order (see Handle::received_splits).
-Handle alltoall_async(const at::Tensor& tensor,
-                      const AlltoallOptions& options = {});
-at::Tensor alltoall(const at::Tensor& tensor,
-                    const AlltoallOptions& options = {});
+Handle alltoall_async(
+    const at::Tensor& tensor, const AlltoallOptions& options = {});
+at::Tensor alltoall(
+    const at::Tensor& tensor, const AlltoallOptions& options = {});
 
 // Reduces across ranks, then gives rank r its part of dim 0: rows are split
 // as evenly as possible, the first size(0) % world_size ranks getting one
 // more.
-Handle reducescatter_async(const at::Tensor& tensor,
-                           const ReducescatterOptions& options = {});
-at::Tensor reducescatter(const at::Tensor& tensor,
-                         const ReducescatterOptions& options = {});
+Handle reducescatter_async(
+    const at::Tensor& tensor, const ReducescatterOptions& options = {});
+at::Tensor reducescatter(
+    const at::Tensor& tensor, const ReducescatterOptions& options = {});
 
 Handle barrier_async();
 void barrier();

@@ -29,8 +29,8 @@ struct DistributedSamplerOptions {
 // Rank r reads positions r, r + n, r + 2n, ... of the epoch's permutation.
 class DistributedSampler : public torch::data::samplers::Sampler<> {
  public:
-  DistributedSampler(size_t dataset_size,
-                     DistributedSamplerOptions options = {});
+  DistributedSampler(
+      size_t dataset_size, DistributedSamplerOptions options = {});
 
   // Chooses the permutation of this epoch; call before each epoch.
   void set_epoch(int64_t epoch);
@@ -40,11 +40,19 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void load(torch::serialize::InputArchive& archive) override;
 
   // Samples this rank reads per epoch: the same on every rank.
-  size_t num_samples() const { return indices_.size(); }
+  size_t num_samples() const {
+    return indices_.size();
+  }
   // Samples this rank has read this epoch.
-  size_t position() const { return position_; }
-  int64_t epoch() const { return epoch_; }
-  const std::vector<size_t>& indices() const { return indices_; }
+  size_t position() const {
+    return position_;
+  }
+  int64_t epoch() const {
+    return epoch_;
+  }
+  const std::vector<size_t>& indices() const {
+    return indices_;
+  }
 
  private:
   void build();

@@ -18,22 +18,37 @@ class CommError : public std::runtime_error {
     Broken,       // an earlier failure left the communicator unusable
   };
 
-  CommError(Kind kind, std::string operation, std::string tensor, int rank,
-            std::vector<int> suspect_ranks, std::string backend,
-            std::string backend_message);
+  CommError(
+      Kind kind,
+      std::string operation,
+      std::string tensor,
+      int rank,
+      std::vector<int> suspect_ranks,
+      std::string backend,
+      std::string backend_message);
 
-  Kind kind() const noexcept { return kind_; }
+  Kind kind() const noexcept {
+    return kind_;
+  }
   // The collective ("allreduce", "broadcast", ...) or phase ("rendezvous").
-  const std::string& operation() const noexcept { return operation_; }
+  const std::string& operation() const noexcept {
+    return operation_;
+  }
   // The tensor's (or bucket's) name; empty when it had none.
-  const std::string& tensor() const noexcept { return tensor_; }
+  const std::string& tensor() const noexcept {
+    return tensor_;
+  }
   // The rank that raised this error.
-  int rank() const noexcept { return rank_; }
+  int rank() const noexcept {
+    return rank_;
+  }
   // Peers that did not report the failure themselves in time: dead or stuck.
   const std::vector<int>& suspect_ranks() const noexcept {
     return suspect_ranks_;
   }
-  const std::string& backend() const noexcept { return backend_; }
+  const std::string& backend() const noexcept {
+    return backend_;
+  }
   const std::string& backend_message() const noexcept {
     return backend_message_;
   }

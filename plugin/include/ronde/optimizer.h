@@ -104,8 +104,12 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   // the bucket buffers when gradients are bucket views, else the gradients.
   std::vector<torch::Tensor> gradient_buffers() const;
   // The factor lr_scaling applied to the base LRs (1 without scaling).
-  double lr_scale_factor() const { return lr_scale_factor_; }
-  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  double lr_scale_factor() const {
+    return lr_scale_factor_;
+  }
+  const std::vector<double>& base_lrs() const {
+    return base_lrs_;
+  }
 
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
@@ -113,7 +117,9 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   const std::shared_ptr<torch::optim::Optimizer>& wrapped() const {
     return optimizer_;
   }
-  const DistributedOptimizerOptions& options() const { return options_; }
+  const DistributedOptimizerOptions& options() const {
+    return options_;
+  }
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> buckets() const;
   StepProfile last_step_profile() const;
@@ -135,7 +141,7 @@ void broadcast_parameters(
 // Makes every rank's optimizer state (and param-group options) root_rank's,
 // through the optimizer's own serialisation: works for any optimizer that
 // implements save()/load().
-void broadcast_optimizer_state(torch::optim::Optimizer& optimizer,
-                               int root_rank);
+void broadcast_optimizer_state(
+    torch::optim::Optimizer& optimizer, int root_rank);
 
 }  // namespace ronde

@@ -15,16 +15,16 @@ namespace ronde {
 enum class LrScaling {
   None,    // keep the base LR
   Linear,  // x replicas x backward passes per step (Goyal et al. 2017)
-  Sqrt,    // x sqrt(replicas x backward passes per step), for adaptive optimizers
+  Sqrt,  // x sqrt(replicas x backward passes per step), for adaptive optimizers
 };
 
 // The factor a base LR is multiplied by for `replicas` ranks each
 // accumulating `backward_passes_per_step` micro-batches per step.
-double lr_scale_factor(LrScaling scaling, int64_t replicas,
-                       int64_t backward_passes_per_step = 1);
+double lr_scale_factor(
+    LrScaling scaling, int64_t replicas, int64_t backward_passes_per_step = 1);
 // base_lr x that factor, with replicas = ronde::size() (1 before init()).
-double scale_lr(double base_lr, LrScaling scaling,
-                int64_t backward_passes_per_step = 1);
+double scale_lr(
+    double base_lr, LrScaling scaling, int64_t backward_passes_per_step = 1);
 
 enum class WarmupShape {
   Linear,       // eta (1 + (k-1) t/T): Goyal et al.'s gradual warmup
@@ -44,12 +44,14 @@ struct Decay {
   double floor_factor = 0;          // Cosine, Polynomial: end LR / peak LR
   double power = 1;                 // Polynomial
 
-  static Decay constant() { return Decay(); }
+  static Decay constant() {
+    return Decay();
+  }
   static Decay step(int64_t step_size, double gamma);
   static Decay multi_step(std::vector<int64_t> milestones, double gamma);
   static Decay cosine(int64_t total_steps, double floor_factor = 0);
-  static Decay polynomial(int64_t total_steps, double power = 1,
-                          double floor_factor = 0);
+  static Decay polynomial(
+      int64_t total_steps, double power = 1, double floor_factor = 0);
 };
 
 struct WarmupOptions {
@@ -63,8 +65,8 @@ struct WarmupOptions {
 };
 
 // The LR factor (relative to the peak LR) at step t; a pure function.
-double schedule_factor(const WarmupOptions& options, double multiplier,
-                       int64_t t);
+double schedule_factor(
+    const WarmupOptions& options, double multiplier, int64_t t);
 
 // Sets every param group's LR from its peak LR (the LR the group has when
 // the scheduler is made, typically already scaled), keeping the ratios
@@ -74,11 +76,17 @@ class WarmupScheduler {
  public:
   WarmupScheduler(torch::optim::Optimizer& optimizer, WarmupOptions options);
   void step();
-  int64_t step_count() const { return step_; }
+  int64_t step_count() const {
+    return step_;
+  }
   // The LRs the groups have now.
   std::vector<double> current_lrs() const;
-  const std::vector<double>& peak_lrs() const { return peak_lrs_; }
-  double multiplier() const { return multiplier_; }
+  const std::vector<double>& peak_lrs() const {
+    return peak_lrs_;
+  }
+  double multiplier() const {
+    return multiplier_;
+  }
 
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
@@ -96,14 +104,24 @@ class WarmupScheduler {
 // Always derived from the per-replica batch, never the other way round.
 class GlobalBatch {
  public:
-  static GlobalBatch per_replica(int64_t batch, int64_t backward_passes_per_step = 1);
+  static GlobalBatch per_replica(
+      int64_t batch, int64_t backward_passes_per_step = 1);
   // Fails, naming both numbers, when `batch` does not divide evenly.
-  static GlobalBatch global(int64_t batch, int64_t backward_passes_per_step = 1);
+  static GlobalBatch global(
+      int64_t batch, int64_t backward_passes_per_step = 1);
 
-  int64_t per_replica_batch() const { return per_replica_; }
-  int64_t global_batch() const { return per_replica_ * replicas_ * passes_; }
-  int64_t replicas() const { return replicas_; }
-  int64_t backward_passes_per_step() const { return passes_; }
+  int64_t per_replica_batch() const {
+    return per_replica_;
+  }
+  int64_t global_batch() const {
+    return per_replica_ * replicas_ * passes_;
+  }
+  int64_t replicas() const {
+    return replicas_;
+  }
+  int64_t backward_passes_per_step() const {
+    return passes_;
+  }
 
  private:
   GlobalBatch(int64_t per_replica, int64_t replicas, int64_t passes)

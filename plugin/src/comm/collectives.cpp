@@ -24,11 +24,16 @@ namespace ronde {
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Average: return "average";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Product: return "product";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Average:
+      return "average";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Product:
+      return "product";
   }
   return "unknown";
 }
@@ -47,12 +52,18 @@ enum class OpKind : int32_t {
 
 const char* to_string(OpKind k) {
   switch (k) {
-    case OpKind::Allreduce: return "allreduce";
-    case OpKind::Allgather: return "allgather";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Alltoall: return "alltoall";
-    case OpKind::Reducescatter: return "reducescatter";
-    case OpKind::Barrier: return "barrier";
+    case OpKind::Allreduce:
+      return "allreduce";
+    case OpKind::Allgather:
+      return "allgather";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::Alltoall:
+      return "alltoall";
+    case OpKind::Reducescatter:
+      return "reducescatter";
+    case OpKind::Barrier:
+      return "barrier";
   }
   return "unknown";
 }
@@ -81,7 +92,8 @@ void copy_text(char* dst, size_t cap, const std::string& s) {
 }
 
 std::string shape_text(const Descriptor& d, bool skip_dim0) {
-  if (d.ndim < 0) return "<undefined>";
+  if (d.ndim < 0)
+    return "<undefined>";
   std::ostringstream os;
   os << c10::toString(static_cast<at::ScalarType>(d.dtype)) << "[";
   for (int i = 0; i < d.ndim; ++i) {
@@ -101,20 +113,24 @@ std::string signature(const Descriptor& d) {
   auto kind = static_cast<OpKind>(d.kind);
   std::ostringstream os;
   os << to_string(kind);
-  if (d.op >= 0) os << "(" << to_string(static_cast<ReduceOp>(d.op)) << ")";
-  if (d.root >= 0) os << "(root " << d.root << ")";
+  if (d.op >= 0)
+    os << "(" << to_string(static_cast<ReduceOp>(d.op)) << ")";
+  if (d.root >= 0)
+    os << "(root " << d.root << ")";
   if (kind != OpKind::Barrier) {
     bool ragged = kind == OpKind::Allgather || kind == OpKind::Alltoall;
     os << " " << shape_text(d, ragged);
   }
-  if (d.name[0] != '\0') os << " '" << d.name << "'";
+  if (d.name[0] != '\0')
+    os << " '" << d.name << "'";
   return os.str();
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::ostringstream os;
   os << (ranks.size() > 1 ? "ranks " : "rank ");
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  for (size_t i = 0; i < ranks.size(); ++i)
+    os << (i ? ", " : "") << ranks[i];
   return os.str();
 }
 
@@ -125,8 +141,13 @@ struct Call {
   Descriptor desc;
 };
 
-Descriptor describe(OpKind kind, const at::Tensor& t, const std::string& name,
-                    int op, int root, std::string& error) {
+Descriptor describe(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    int op,
+    int root,
+    std::string& error) {
   Descriptor d;
   d.kind = static_cast<int32_t>(kind);
   d.op = op;
@@ -142,7 +163,8 @@ Descriptor describe(OpKind kind, const at::Tensor& t, const std::string& name,
         error = "tensors of more than 16 dimensions are not supported";
         d.ndim = kMaxDims;
       }
-      for (int i = 0; i < d.ndim; ++i) d.dims[i] = t.size(i);
+      for (int i = 0; i < d.ndim; ++i)
+        d.dims[i] = t.size(i);
     }
   }
   copy_text(d.error, sizeof(d.error), error);
@@ -154,24 +176,25 @@ Descriptor describe(OpKind kind, const at::Tensor& t, const std::string& name,
 std::vector<Descriptor> exchange(Communicator& comm, const Descriptor& mine) {
   const int n = comm.size();
   std::vector<Descriptor> all(n);
-  auto in = at::from_blob(const_cast<Descriptor*>(&mine), {sizeof(Descriptor)},
-                          at::kByte);
-  auto out = at::from_blob(all.data(),
-                           {static_cast<int64_t>(n * sizeof(Descriptor))},
-                           at::kByte);
+  auto in = at::from_blob(
+      const_cast<Descriptor*>(&mine), {sizeof(Descriptor)}, at::kByte);
+  auto out = at::from_blob(
+      all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
   comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
 
   std::map<std::string, std::vector<int>> groups;
   for (int r = 0; r < n; ++r) {
-    TORCH_INTERNAL_ASSERT(all[r].magic == kMagic,
-                          "ronde: corrupt collective descriptor from rank ", r);
+    TORCH_INTERNAL_ASSERT(
+        all[r].magic == kMagic,
+        "ronde: corrupt collective descriptor from rank ",
+        r);
     groups[signature(all[r])].push_back(r);
   }
   const std::string what = to_string(static_cast<OpKind>(mine.kind));
   if (groups.size() > 1) {
     std::ostringstream os;
-    os << "ronde: ranks disagree on a collective (seen on rank "
-       << comm.rank() << "): ";
+    os << "ronde: ranks disagree on a collective (seen on rank " << comm.rank()
+       << "): ";
     bool first = true;
     // Order by lowest rank so every rank prints the same message.
     std::vector<std::pair<int, std::string>> ordered;
@@ -192,20 +215,25 @@ std::vector<Descriptor> exchange(Communicator& comm, const Descriptor& mine) {
              << all[r].error;
     }
   }
-  TORCH_CHECK(errors.tellp() == 0, "ronde: ", what,
-              mine.name[0] ? std::string(" of '") + mine.name + "'" : "",
-              " rejected: ", errors.str());
+  TORCH_CHECK(
+      errors.tellp() == 0,
+      "ronde: ",
+      what,
+      mine.name[0] ? std::string(" of '") + mine.name + "'" : "",
+      " rejected: ",
+      errors.str());
   return all;
 }
 
 // Ranks that have not confirmed the failure after a short grace period are
 // named as suspects: dead, or stuck elsewhere.
 std::vector<int> diagnose_suspects(Runtime& rt) {
-  if (!rt.store || rt.info.size == 1) return {};
+  if (!rt.store || rt.info.size == 1)
+    return {};
   const int me = rt.info.rank;
   try {
-    rt.store->set(rt.key("failed/" + std::to_string(me)),
-                  std::vector<uint8_t>{1});
+    rt.store->set(
+        rt.key("failed/" + std::to_string(me)), std::vector<uint8_t>{1});
   } catch (const std::exception&) {
     return {0};  // rank 0 hosts the store: it is the one gone
   }
@@ -216,7 +244,8 @@ std::vector<int> diagnose_suspects(Runtime& rt) {
     missing.clear();
     try {
       for (int r = 0; r < rt.info.size; ++r) {
-        if (r != me && !rt.store->check({rt.key("failed/" + std::to_string(r))})) {
+        if (r != me &&
+            !rt.store->check({rt.key("failed/" + std::to_string(r))})) {
           missing.push_back(r);
         }
       }
@@ -239,8 +268,14 @@ void guarded(Communicator& comm, const Call& call, F&& fn) {
   } catch (const BackendFailure& e) {
     comm.abort();
     Runtime& rt = runtime("collective");
-    throw CommError(e.kind, to_string(call.kind), call.name, rt.info.rank,
-                    diagnose_suspects(rt), comm.backend(), e.what());
+    throw CommError(
+        e.kind,
+        to_string(call.kind),
+        call.name,
+        rt.info.rank,
+        diagnose_suspects(rt),
+        comm.backend(),
+        e.what());
   }
 }
 
@@ -249,10 +284,17 @@ bool is_floating(const at::Tensor& t) {
 }
 
 std::string check_dtype(const at::Tensor& t) {
-  if (!t.defined()) return "";
+  if (!t.defined())
+    return "";
   switch (t.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kChar: case at::kByte: case at::kShort: case at::kInt:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kShort:
+    case at::kInt:
     case at::kLong:
       return "";
     default:
@@ -261,10 +303,11 @@ std::string check_dtype(const at::Tensor& t) {
   }
 }
 
-std::string check_reduction(const at::Tensor& t, ReduceOp op, double pre,
-                            double post) {
+std::string check_reduction(
+    const at::Tensor& t, ReduceOp op, double pre, double post) {
   std::string e = check_dtype(t);
-  if (!e.empty() || !t.defined()) return e;
+  if (!e.empty() || !t.defined())
+    return e;
   if (!is_floating(t)) {
     if (op == ReduceOp::Average) {
       return "an average of integer tensors is not defined; use "
@@ -277,8 +320,8 @@ std::string check_reduction(const at::Tensor& t, ReduceOp op, double pre,
   return "";
 }
 
-using Body = std::function<void(Communicator&, HandleState&,
-                                const std::vector<Descriptor>&, const Call&)>;
+using Body = std::function<void(
+    Communicator&, HandleState&, const std::vector<Descriptor>&, const Call&)>;
 
 // Queues the job; it exchanges descriptors first when the call asks for it
 // and hands them to the body (empty when not exchanged).
@@ -287,8 +330,12 @@ using Body = std::function<void(Communicator&, HandleState&,
 thread_local bool t_blocking_call = false;
 
 struct BlockingCall {
-  BlockingCall() { t_blocking_call = true; }
-  ~BlockingCall() { t_blocking_call = false; }
+  BlockingCall() {
+    t_blocking_call = true;
+  }
+  ~BlockingCall() {
+    t_blocking_call = false;
+  }
 };
 
 Handle submit(Call call, Body body) {
@@ -297,12 +344,18 @@ Handle submit(Call call, Body body) {
   Runtime& rt = runtime(to_string(call.kind));
   if (!call.verify && call.desc.error[0] != '\0') {
     // Without the exchange the other ranks cannot learn of it; fail here.
-    TORCH_CHECK(false, "ronde: ", to_string(call.kind), " on rank ",
-                rt.info.rank, ": ", call.desc.error);
+    TORCH_CHECK(
+        false,
+        "ronde: ",
+        to_string(call.kind),
+        " on rank ",
+        rt.info.rank,
+        ": ",
+        call.desc.error);
   }
   return rt.worker->submit(
-      [call = std::move(call), body = std::move(body)](Communicator& comm,
-                                                       HandleState& state) {
+      [call = std::move(call), body = std::move(body)](
+          Communicator& comm, HandleState& state) {
         std::vector<Descriptor> all;
         if (call.verify) {
           guarded(comm, call, [&] { all = exchange(comm, call.desc); });
@@ -313,72 +366,102 @@ Handle submit(Call call, Body body) {
 }
 
 // Reduction shared by allreduce and reducescatter: scale, reduce, average.
-void reduce_in_place(Communicator& comm, const Call& call,
-                     const at::Tensor& work, ReduceOp op, double pre,
-                     double post) {
-  if (pre != 1.0) work.mul_(pre);
+void reduce_in_place(
+    Communicator& comm,
+    const Call& call,
+    const at::Tensor& work,
+    ReduceOp op,
+    double pre,
+    double post) {
+  if (pre != 1.0)
+    work.mul_(pre);
   guarded(comm, call, [&] {
     comm.allreduce(work, op == ReduceOp::Average ? ReduceOp::Sum : op);
   });
-  if (op == ReduceOp::Average) work.div_(comm.size());
-  if (post != 1.0) work.mul_(post);
+  if (op == ReduceOp::Average)
+    work.div_(comm.size());
+  if (post != 1.0)
+    work.mul_(post);
 }
 
-Call make_call(OpKind kind, const at::Tensor& t, const std::string& name,
-               bool verify, int op, int root, std::string error) {
-  return Call{kind, name, verify,
-              describe(kind, t, name, op, root, error)};
+Call make_call(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    bool verify,
+    int op,
+    int root,
+    std::string error) {
+  return Call{kind, name, verify, describe(kind, t, name, op, root, error)};
 }
 
-Handle allreduce_impl(const at::Tensor& tensor, const AllreduceOptions& o,
-                      bool in_place) {
-  std::string error = check_reduction(tensor, o.op(), o.prescale_factor(),
-                                      o.postscale_factor());
-  Call call = make_call(OpKind::Allreduce, tensor, o.name(), o.verify(),
-                        static_cast<int>(o.op()), -1, error);
+Handle allreduce_impl(
+    const at::Tensor& tensor, const AllreduceOptions& o, bool in_place) {
+  std::string error = check_reduction(
+      tensor, o.op(), o.prescale_factor(), o.postscale_factor());
+  Call call = make_call(
+      OpKind::Allreduce,
+      tensor,
+      o.name(),
+      o.verify(),
+      static_cast<int>(o.op()),
+      -1,
+      error);
   at::Tensor work;
   if (error.empty()) {
     // In place reduces the caller's storage directly when it is contiguous.
     work = in_place && tensor.is_contiguous() ? tensor
                                               : tensor.contiguous().clone();
   }
-  return submit(std::move(call),
-                [=](Communicator& comm, HandleState& state,
-                    const std::vector<Descriptor>&, const Call& c) {
-                  reduce_in_place(comm, c, work, o.op(), o.prescale_factor(),
-                                  o.postscale_factor());
-                  if (in_place && !work.is_same(tensor)) tensor.copy_(work);
-                  state.result = in_place ? tensor : work;
-                });
+  return submit(
+      std::move(call),
+      [=](Communicator& comm,
+          HandleState& state,
+          const std::vector<Descriptor>&,
+          const Call& c) {
+        reduce_in_place(
+            comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
+        if (in_place && !work.is_same(tensor))
+          tensor.copy_(work);
+        state.result = in_place ? tensor : work;
+      });
 }
 
-Handle broadcast_impl(const at::Tensor& tensor, int root,
-                      const CollectiveOptions& o, bool in_place) {
+Handle broadcast_impl(
+    const at::Tensor& tensor,
+    int root,
+    const CollectiveOptions& o,
+    bool in_place) {
   std::string error = check_dtype(tensor);
   const int n = runtime("broadcast").info.size;
   if (error.empty() && (root < 0 || root >= n)) {
     error = "root rank " + std::to_string(root) + " is outside [0, " +
             std::to_string(n) + ")";
   }
-  Call call = make_call(OpKind::Broadcast, tensor, o.name(), o.verify(), -1,
-                        root, error);
+  Call call = make_call(
+      OpKind::Broadcast, tensor, o.name(), o.verify(), -1, root, error);
   at::Tensor work;
   if (error.empty()) {
     work = in_place && tensor.is_contiguous() ? tensor
                                               : tensor.contiguous().clone();
   }
-  return submit(std::move(call),
-                [=](Communicator& comm, HandleState& state,
-                    const std::vector<Descriptor>&, const Call& c) {
-                  guarded(comm, c, [&] { comm.broadcast(work, root); });
-                  if (in_place && !work.is_same(tensor)) tensor.copy_(work);
-                  state.result = in_place ? tensor : work;
-                });
+  return submit(
+      std::move(call),
+      [=](Communicator& comm,
+          HandleState& state,
+          const std::vector<Descriptor>&,
+          const Call& c) {
+        guarded(comm, c, [&] { comm.broadcast(work, root); });
+        if (in_place && !work.is_same(tensor))
+          tensor.copy_(work);
+        state.result = in_place ? tensor : work;
+      });
 }
 
 int64_t row_bytes(const at::Tensor& t) {
   int64_t row = t.element_size();
-  for (int64_t i = 1; i < t.dim(); ++i) row *= t.size(i);
+  for (int64_t i = 1; i < t.dim(); ++i)
+    row *= t.size(i);
   return row;
 }
 
@@ -397,19 +480,19 @@ using detail::Descriptor;
 using detail::HandleState;
 using detail::OpKind;
 
-Handle allreduce_async(const at::Tensor& tensor,
-                       const AllreduceOptions& options) {
+Handle allreduce_async(
+    const at::Tensor& tensor, const AllreduceOptions& options) {
   return detail::allreduce_impl(tensor, options, /*in_place=*/false);
 }
 
-at::Tensor allreduce(const at::Tensor& tensor,
-                     const AllreduceOptions& options) {
+at::Tensor allreduce(
+    const at::Tensor& tensor, const AllreduceOptions& options) {
   detail::BlockingCall blocking;
   return allreduce_async(tensor, options).result();
 }
 
-Handle allreduce_async_(const at::Tensor& tensor,
-                        const AllreduceOptions& options) {
+Handle allreduce_async_(
+    const at::Tensor& tensor, const AllreduceOptions& options) {
   return detail::allreduce_impl(tensor, options, /*in_place=*/true);
 }
 
@@ -418,19 +501,29 @@ void allreduce_(const at::Tensor& tensor, const AllreduceOptions& options) {
   allreduce_async_(tensor, options).wait();
 }
 
-Handle allgather_async(const at::Tensor& tensor,
-                       const CollectiveOptions& options) {
+Handle allgather_async(
+    const at::Tensor& tensor, const CollectiveOptions& options) {
   std::string error = detail::check_dtype(tensor);
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "allgather needs at least one dimension (it concatenates dim 0)";
   }
   // Always exchanged: the descriptors carry every rank's dim 0.
-  Call call = detail::make_call(OpKind::Allgather, tensor, options.name(),
-                                /*verify=*/true, -1, -1, error);
+  Call call = detail::make_call(
+      OpKind::Allgather,
+      tensor,
+      options.name(),
+      /*verify=*/true,
+      -1,
+      -1,
+      error);
   at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
   return detail::submit(
-      std::move(call), [in](Communicator& comm, HandleState& state,
-                            const std::vector<Descriptor>& all, const Call& c) {
+      std::move(call),
+      [in](
+          Communicator& comm,
+          HandleState& state,
+          const std::vector<Descriptor>& all,
+          const Call& c) {
         const int64_t row = detail::row_bytes(in);
         std::vector<size_t> bytes(all.size());
         int64_t rows = 0;
@@ -438,43 +531,43 @@ Handle allgather_async(const at::Tensor& tensor,
           bytes[r] = static_cast<size_t>(all[r].dims[0] * row);
           rows += all[r].dims[0];
         }
-        at::Tensor out = at::empty(detail::shape_with_dim0(in, rows),
-                                   in.options());
+        at::Tensor out =
+            at::empty(detail::shape_with_dim0(in, rows), in.options());
         detail::guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
         state.result = out;
       });
 }
 
-at::Tensor allgather(const at::Tensor& tensor,
-                     const CollectiveOptions& options) {
+at::Tensor allgather(
+    const at::Tensor& tensor, const CollectiveOptions& options) {
   detail::BlockingCall blocking;
   return allgather_async(tensor, options).result();
 }
 
-Handle broadcast_async(const at::Tensor& tensor, int root_rank,
-                       const CollectiveOptions& options) {
+Handle broadcast_async(
+    const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
   return detail::broadcast_impl(tensor, root_rank, options, false);
 }
 
-at::Tensor broadcast(const at::Tensor& tensor, int root_rank,
-                     const CollectiveOptions& options) {
+at::Tensor broadcast(
+    const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
   detail::BlockingCall blocking;
   return broadcast_async(tensor, root_rank, options).result();
 }
 
-Handle broadcast_async_(const at::Tensor& tensor, int root_rank,
-                        const CollectiveOptions& options) {
+Handle broadcast_async_(
+    const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
   return detail::broadcast_impl(tensor, root_rank, options, true);
 }
 
-void broadcast_(const at::Tensor& tensor, int root_rank,
-                const CollectiveOptions& options) {
+void broadcast_(
+    const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
   detail::BlockingCall blocking;
   broadcast_async_(tensor, root_rank, options).wait();
 }
 
-Handle alltoall_async(const at::Tensor& tensor,
-                      const AlltoallOptions& options) {
+Handle alltoall_async(
+    const at::Tensor& tensor, const AlltoallOptions& options) {
   const int n = detail::runtime("alltoall").info.size;
   std::string error = detail::check_dtype(tensor);
   std::vector<int64_t> splits = options.splits();
@@ -495,7 +588,8 @@ Handle alltoall_async(const at::Tensor& tensor,
     } else {
       int64_t total = 0;
       for (int64_t s : splits) {
-        if (s < 0) error = "splits must not be negative";
+        if (s < 0)
+          error = "splits must not be negative";
         total += s;
       }
       if (error.empty() && total != tensor.size(0)) {
@@ -504,21 +598,30 @@ Handle alltoall_async(const at::Tensor& tensor,
       }
     }
   }
-  Call call = detail::make_call(OpKind::Alltoall, tensor, options.name(),
-                                options.verify(), -1, -1, error);
+  Call call = detail::make_call(
+      OpKind::Alltoall,
+      tensor,
+      options.name(),
+      options.verify(),
+      -1,
+      -1,
+      error);
   at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
   return detail::submit(
       std::move(call),
-      [in, splits, n](Communicator& comm, HandleState& state,
-                      const std::vector<Descriptor>&, const Call& c) {
+      [in, splits, n](
+          Communicator& comm,
+          HandleState& state,
+          const std::vector<Descriptor>&,
+          const Call& c) {
         // Every rank's send splits, so each knows what it receives.
         std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
-        auto mine = at::from_blob(const_cast<int64_t*>(splits.data()), {n},
-                                  at::kLong);
+        auto mine =
+            at::from_blob(const_cast<int64_t*>(splits.data()), {n}, at::kLong);
         auto all = at::from_blob(matrix.data(), {n * n}, at::kLong);
         detail::guarded(comm, c, [&] {
-          comm.allgather(mine, all,
-                         std::vector<size_t>(n, n * sizeof(int64_t)));
+          comm.allgather(
+              mine, all, std::vector<size_t>(n, n * sizeof(int64_t)));
         });
         const int me = comm.rank();
         const int64_t row = detail::row_bytes(in);
@@ -530,11 +633,10 @@ Handle alltoall_async(const at::Tensor& tensor,
           send_bytes[r] = splits[r] * row;
           recv_bytes[r] = recv[r] * row;
         }
-        at::Tensor out = at::empty(detail::shape_with_dim0(in, rows),
-                                   in.options());
-        detail::guarded(comm, c, [&] {
-          comm.alltoall(in, send_bytes, out, recv_bytes);
-        });
+        at::Tensor out =
+            at::empty(detail::shape_with_dim0(in, rows), in.options());
+        detail::guarded(
+            comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
         state.result = out;
         state.splits = recv;
       });
@@ -545,25 +647,33 @@ at::Tensor alltoall(const at::Tensor& tensor, const AlltoallOptions& options) {
   return alltoall_async(tensor, options).result();
 }
 
-Handle reducescatter_async(const at::Tensor& tensor,
-                           const ReducescatterOptions& o) {
+Handle reducescatter_async(
+    const at::Tensor& tensor, const ReducescatterOptions& o) {
   std::string error = detail::check_reduction(
       tensor, o.op(), o.prescale_factor(), o.postscale_factor());
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "reducescatter needs at least one dimension (it splits dim 0)";
   }
-  Call call = detail::make_call(OpKind::Reducescatter, tensor, o.name(),
-                                o.verify(), static_cast<int>(o.op()), -1,
-                                error);
+  Call call = detail::make_call(
+      OpKind::Reducescatter,
+      tensor,
+      o.name(),
+      o.verify(),
+      static_cast<int>(o.op()),
+      -1,
+      error);
   at::Tensor work = error.empty() ? tensor.contiguous().clone() : at::Tensor();
   return detail::submit(
-      std::move(call), [work, o](Communicator& comm, HandleState& state,
-                                 const std::vector<Descriptor>&,
-                                 const Call& c) {
+      std::move(call),
+      [work, o](
+          Communicator& comm,
+          HandleState& state,
+          const std::vector<Descriptor>&,
+          const Call& c) {
         // Reduces the whole tensor, then keeps this rank's rows: simple and
         // exact, at twice the traffic of a ring reduce-scatter.
-        detail::reduce_in_place(comm, c, work, o.op(), o.prescale_factor(),
-                                o.postscale_factor());
+        detail::reduce_in_place(
+            comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
         const int n = comm.size();
         const int me = comm.rank();
         const int64_t rows = work.size(0);
@@ -575,8 +685,8 @@ Handle reducescatter_async(const at::Tensor& tensor,
       });
 }
 
-at::Tensor reducescatter(const at::Tensor& tensor,
-                         const ReducescatterOptions& options) {
+at::Tensor reducescatter(
+    const at::Tensor& tensor, const ReducescatterOptions& options) {
   detail::BlockingCall blocking;
   return reducescatter_async(tensor, options).result();
 }
@@ -584,11 +694,14 @@ at::Tensor reducescatter(const at::Tensor& tensor,
 Handle barrier_async() {
   // The descriptor exchange is itself an all-gather, which no rank leaves
   // before every rank entered: it is the barrier, and it checks the call.
-  Call call = detail::make_call(OpKind::Barrier, at::Tensor(), "", true, -1, -1,
-                                "");
-  return detail::submit(std::move(call),
-                        [](Communicator&, HandleState&,
-                           const std::vector<Descriptor>&, const Call&) {});
+  Call call =
+      detail::make_call(OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
+  return detail::submit(
+      std::move(call),
+      [](Communicator&,
+         HandleState&,
+         const std::vector<Descriptor>&,
+         const Call&) {});
 }
 
 void barrier() {

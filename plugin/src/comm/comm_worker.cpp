@@ -22,7 +22,8 @@ void Handle::wait() const {
   TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
   std::unique_lock<std::mutex> lock(state_->mutex);
   state_->cv.wait(lock, [&] { return state_->done; });
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error)
+    std::rethrow_exception(state_->error);
 }
 
 bool Handle::wait(std::chrono::milliseconds timeout) const {
@@ -31,7 +32,8 @@ bool Handle::wait(std::chrono::milliseconds timeout) const {
   if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
     return false;
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error)
+    std::rethrow_exception(state_->error);
   return true;
 }
 
@@ -66,7 +68,8 @@ CommWorker::~CommWorker() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable())
+    thread_.join();
 }
 
 Handle CommWorker::submit(Job job, bool run_inline) {
@@ -100,8 +103,12 @@ void CommWorker::execute(const Job& job, HandleState& state) {
     state.finish(nullptr);
   } catch (const CommError& e) {
     broken_ = std::make_exception_ptr(CommError(
-        CommError::Kind::Broken, e.operation(), e.tensor(), e.rank(),
-        e.suspect_ranks(), e.backend(),
+        CommError::Kind::Broken,
+        e.operation(),
+        e.tensor(),
+        e.rank(),
+        e.suspect_ranks(),
+        e.backend(),
         std::string("unusable after an earlier failure: ") + e.what()));
     state.finish(std::current_exception());
   } catch (...) {
@@ -116,8 +123,11 @@ void CommWorker::loop() {
     std::pair<Job, std::shared_ptr<HandleState>> item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;  // stopping and drained
+      cv_.wait(lock, [&] {
+        return (stopping_ && !busy_) || (!queue_.empty() && !busy_);
+      });
+      if (queue_.empty())
+        return;  // stopping and drained
       item = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;

@@ -23,10 +23,10 @@ class Communicator;
 struct HandleState {
   std::mutex mutex;
   std::condition_variable cv;
-  bool done = false;              // guarded by mutex
-  std::exception_ptr error;       // guarded by mutex; set before done
-  at::Tensor result;              // written by the worker before done
-  std::vector<int64_t> splits;    // alltoall's received splits, likewise
+  bool done = false;            // guarded by mutex
+  std::exception_ptr error;     // guarded by mutex; set before done
+  at::Tensor result;            // written by the worker before done
+  std::vector<int64_t> splits;  // alltoall's received splits, likewise
 
   void finish(std::exception_ptr e);
 };

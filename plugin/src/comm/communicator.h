@@ -41,13 +41,16 @@ class Communicator {
   // (the caller divides).
   virtual void allreduce(const at::Tensor& tensor, ReduceOp op) = 0;
   // out holds every rank's bytes in rank order; bytes[r] is rank r's share.
-  virtual void allgather(const at::Tensor& in, const at::Tensor& out,
-                         const std::vector<size_t>& bytes) = 0;
+  virtual void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>& bytes) = 0;
   virtual void broadcast(const at::Tensor& tensor, int root) = 0;
-  virtual void alltoall(const at::Tensor& in,
-                        const std::vector<int64_t>& send_bytes,
-                        const at::Tensor& out,
-                        const std::vector<int64_t>& recv_bytes) = 0;
+  virtual void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>& send_bytes,
+      const at::Tensor& out,
+      const std::vector<int64_t>& recv_bytes) = 0;
   virtual void barrier() = 0;
   // Closes every connection so that peers blocked on this rank fail now
   // rather than at their timeout. The communicator is unusable afterwards.
@@ -65,8 +68,12 @@ void load_gloo_backend();
 // Connects to every other rank through the system Gloo, rendezvousing
 // through `store` under `prefix`.
 std::unique_ptr<Communicator> make_gloo_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-    int rank, int size, const std::string& hostname,
-    std::chrono::milliseconds timeout, const std::string& algorithm);
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    const std::string& hostname,
+    std::chrono::milliseconds timeout,
+    const std::string& algorithm);
 
 }  // namespace ronde::detail

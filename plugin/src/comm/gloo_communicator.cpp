@@ -26,15 +26,29 @@ constexpr const char* kModuleName = "libronde_gloo.so";
 struct GlooModule {
   int (*abi_version)();
   const char* (*library_path)();
-  int (*connect)(const RondeGlooStore*, int, int, const char*, int64_t, int,
-                 RondeGlooComm**, char*, size_t);
+  int (*connect)(
+      const RondeGlooStore*,
+      int,
+      int,
+      const char*,
+      int64_t,
+      int,
+      RondeGlooComm**,
+      char*,
+      size_t);
   void (*destroy)(RondeGlooComm*);
   int (*allreduce)(RondeGlooComm*, void*, size_t, int, int, char*, size_t);
-  int (*allgatherv)(RondeGlooComm*, const void*, size_t, void*,
-                    const size_t*, char*, size_t);
+  int (*allgatherv)(
+      RondeGlooComm*, const void*, size_t, void*, const size_t*, char*, size_t);
   int (*broadcast)(RondeGlooComm*, void*, size_t, int, char*, size_t);
-  int (*alltoallv)(RondeGlooComm*, const void*, const int64_t*, void*,
-                   const int64_t*, char*, size_t);
+  int (*alltoallv)(
+      RondeGlooComm*,
+      const void*,
+      const int64_t*,
+      void*,
+      const int64_t*,
+      char*,
+      size_t);
   int (*barrier)(RondeGlooComm*, char*, size_t);
   std::string path;
 };
@@ -53,7 +67,8 @@ std::string default_module_path() {
     auto slash = self.rfind('/');
     if (slash != std::string::npos) {
       std::string candidate = self.substr(0, slash + 1) + kModuleName;
-      if (file_exists(candidate)) return candidate;
+      if (file_exists(candidate))
+        return candidate;
     }
   }
   return kModuleName;  // fall back to the loader's search path
@@ -61,7 +76,8 @@ std::string default_module_path() {
 
 bool deepbind_enabled() {
   const char* v = std::getenv("RONDE_GLOO_DEEPBIND");
-  if (v != nullptr) return std::strcmp(v, "0") != 0;
+  if (v != nullptr)
+    return std::strcmp(v, "0") != 0;
 #if defined(__SANITIZE_ADDRESS__)
   // AddressSanitizer refuses RTLD_DEEPBIND; sanitizer builds keep LibTorch's
   // Gloo out by link order instead (see CONTRIBUTING.md).
@@ -84,10 +100,16 @@ std::string symbol_file(void* sym) {
 }
 
 template <typename F>
-void bind_symbol(void* handle, const std::string& path, const char* name, F*& out) {
+void bind_symbol(
+    void* handle, const std::string& path, const char* name, F*& out) {
   out = reinterpret_cast<F*>(dlsym(handle, name));
-  TORCH_CHECK(out != nullptr, "ronde: the Gloo backend module ", path,
-              " lacks the symbol ", name, " (built from another ronde?)");
+  TORCH_CHECK(
+      out != nullptr,
+      "ronde: the Gloo backend module ",
+      path,
+      " lacks the symbol ",
+      name,
+      " (built from another ronde?)");
 }
 
 const GlooModule& load_module() {
@@ -105,7 +127,9 @@ const GlooModule& load_module() {
         failure =
             "ronde: this process loaded the system libgloo after LibTorch, "
             "so libgloo's own calls resolve into LibTorch's private copy of "
-            "Gloo ('" + winner + "') and would crash. Do not link libgloo "
+            "Gloo ('" +
+            winner +
+            "') and would crash. Do not link libgloo "
             "into the executable (ronde loads it in isolation), or link it "
             "before LibTorch.";
         return;
@@ -114,7 +138,8 @@ const GlooModule& load_module() {
     const char* env = std::getenv("RONDE_GLOO_MODULE");
     std::string path = env != nullptr && *env ? env : default_module_path();
     int flags = RTLD_NOW | RTLD_LOCAL;
-    if (deepbind_enabled()) flags |= RTLD_DEEPBIND;
+    if (deepbind_enabled())
+      flags |= RTLD_DEEPBIND;
     // Never closed: Gloo keeps threads and thread-locals alive for the life
     // of the process.
     void* handle = dlopen(path.c_str(), flags);
@@ -147,11 +172,12 @@ const GlooModule& load_module() {
     std::string gloo_lib = module.library_path();
     if (gloo_lib.find("libtorch") != std::string::npos ||
         gloo_lib.find("gloo") == std::string::npos) {
-      failure = "ronde: the Gloo backend module's gloo::allreduce resolves to '" +
-                gloo_lib +
-                "', not to the system libgloo: LibTorch's private Gloo copy "
-                "would be used and crash. Load the module with RTLD_DEEPBIND "
-                "(unset RONDE_GLOO_DEEPBIND) or link libgloo before LibTorch.";
+      failure =
+          "ronde: the Gloo backend module's gloo::allreduce resolves to '" +
+          gloo_lib +
+          "', not to the system libgloo: LibTorch's private Gloo copy "
+          "would be used and crash. Load the module with RTLD_DEEPBIND "
+          "(unset RONDE_GLOO_DEEPBIND) or link libgloo before LibTorch.";
     }
   });
   TORCH_CHECK(failure.empty(), failure);
@@ -165,14 +191,20 @@ struct StoreBridge {
 };
 
 void write_err(char* err, size_t len, const std::string& msg) {
-  if (len == 0) return;
+  if (len == 0)
+    return;
   size_t n = std::min(len - 1, msg.size());
   std::memcpy(err, msg.data(), n);
   err[n] = '\0';
 }
 
-int store_set(void* self, const char* key, const char* data, size_t len,
-              char* err, size_t err_len) {
+int store_set(
+    void* self,
+    const char* key,
+    const char* data,
+    size_t len,
+    char* err,
+    size_t err_len) {
   auto* b = static_cast<StoreBridge*>(self);
   try {
     b->store->set(b->prefix + key, std::vector<uint8_t>(data, data + len));
@@ -183,13 +215,19 @@ int store_set(void* self, const char* key, const char* data, size_t len,
   }
 }
 
-int store_get(void* self, const char* key, char** data, size_t* len,
-              char* err, size_t err_len) {
+int store_get(
+    void* self,
+    const char* key,
+    char** data,
+    size_t* len,
+    char* err,
+    size_t err_len) {
   auto* b = static_cast<StoreBridge*>(self);
   try {
     auto v = b->store->get(b->prefix + key);
     *data = static_cast<char*>(std::malloc(v.empty() ? 1 : v.size()));
-    if (*data == nullptr) throw std::bad_alloc();
+    if (*data == nullptr)
+      throw std::bad_alloc();
     std::memcpy(*data, v.data(), v.size());
     *len = v.size();
     return 0;
@@ -199,13 +237,19 @@ int store_get(void* self, const char* key, char** data, size_t* len,
   }
 }
 
-int store_wait(void* self, const char* const* keys, size_t n, int64_t timeout_ms,
-               char* err, size_t err_len) {
+int store_wait(
+    void* self,
+    const char* const* keys,
+    size_t n,
+    int64_t timeout_ms,
+    char* err,
+    size_t err_len) {
   auto* b = static_cast<StoreBridge*>(self);
   try {
     std::vector<std::string> ks;
     ks.reserve(n);
-    for (size_t i = 0; i < n; ++i) ks.push_back(b->prefix + keys[i]);
+    for (size_t i = 0; i < n; ++i)
+      ks.push_back(b->prefix + keys[i]);
     b->store->wait(ks, std::chrono::milliseconds(timeout_ms));
     return 0;
   } catch (const std::exception& e) {
@@ -216,26 +260,41 @@ int store_wait(void* self, const char* const* keys, size_t n, int64_t timeout_ms
 
 int gloo_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return RONDE_GLOO_F32;
-    case at::kDouble: return RONDE_GLOO_F64;
-    case at::kHalf: return RONDE_GLOO_F16;
-    case at::kBFloat16: return RONDE_GLOO_BF16;
-    case at::kChar: return RONDE_GLOO_I8;
-    case at::kByte: return RONDE_GLOO_U8;
-    case at::kShort: return RONDE_GLOO_I16;
-    case at::kInt: return RONDE_GLOO_I32;
-    case at::kLong: return RONDE_GLOO_I64;
-    default: return -1;
+    case at::kFloat:
+      return RONDE_GLOO_F32;
+    case at::kDouble:
+      return RONDE_GLOO_F64;
+    case at::kHalf:
+      return RONDE_GLOO_F16;
+    case at::kBFloat16:
+      return RONDE_GLOO_BF16;
+    case at::kChar:
+      return RONDE_GLOO_I8;
+    case at::kByte:
+      return RONDE_GLOO_U8;
+    case at::kShort:
+      return RONDE_GLOO_I16;
+    case at::kInt:
+      return RONDE_GLOO_I32;
+    case at::kLong:
+      return RONDE_GLOO_I64;
+    default:
+      return -1;
   }
 }
 
 int gloo_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return RONDE_GLOO_SUM;
-    case ReduceOp::Min: return RONDE_GLOO_MIN;
-    case ReduceOp::Max: return RONDE_GLOO_MAX;
-    case ReduceOp::Product: return RONDE_GLOO_PRODUCT;
-    case ReduceOp::Average: break;
+    case ReduceOp::Sum:
+      return RONDE_GLOO_SUM;
+    case ReduceOp::Min:
+      return RONDE_GLOO_MIN;
+    case ReduceOp::Max:
+      return RONDE_GLOO_MAX;
+    case ReduceOp::Product:
+      return RONDE_GLOO_PRODUCT;
+    case ReduceOp::Average:
+      break;
   }
   TORCH_INTERNAL_ASSERT(false, "Average reaches the backend as Sum");
 }
@@ -246,66 +305,110 @@ at::Tensor host(const at::Tensor& t) {
   return t.is_cpu() ? t : t.to(at::kCPU);
 }
 void copy_back(const at::Tensor& dst, const at::Tensor& staged) {
-  if (!dst.is_same(staged)) dst.copy_(staged);
+  if (!dst.is_same(staged))
+    dst.copy_(staged);
 }
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(const GlooModule& module,
-                   const c10::intrusive_ptr<c10d::Store>& store,
-                   const std::string& prefix, int rank, int size,
-                   const std::string& hostname,
-                   std::chrono::milliseconds timeout, int algorithm)
+  GlooCommunicator(
+      const GlooModule& module,
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& prefix,
+      int rank,
+      int size,
+      const std::string& hostname,
+      std::chrono::milliseconds timeout,
+      int algorithm)
       : module_(module), bridge_{store, prefix}, rank_(rank), size_(size) {
     RondeGlooStore cb{&bridge_, &store_set, &store_get, &store_wait};
     char err[2048] = {0};
-    int rc = module_.connect(&cb, rank, size, hostname.c_str(), timeout.count(),
-                             algorithm, &comm_, err, sizeof(err));
+    int rc = module_.connect(
+        &cb,
+        rank,
+        size,
+        hostname.c_str(),
+        timeout.count(),
+        algorithm,
+        &comm_,
+        err,
+        sizeof(err));
     if (rc != RONDE_GLOO_OK) {
       throw BackendFailure(CommError::Kind::Rendezvous, err);
     }
   }
 
-  ~GlooCommunicator() override { abort(); }
+  ~GlooCommunicator() override {
+    abort();
+  }
 
-  const char* backend() const override { return "gloo"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
+  const char* backend() const override {
+    return "gloo";
+  }
+  int rank() const override {
+    return rank_;
+  }
+  int size() const override {
+    return size_;
+  }
 
   void allreduce(const at::Tensor& tensor, ReduceOp op) override {
     int dtype = gloo_dtype(tensor.scalar_type());
-    TORCH_CHECK(dtype >= 0, "ronde: the Gloo backend cannot reduce dtype ",
-                tensor.scalar_type());
+    TORCH_CHECK(
+        dtype >= 0,
+        "ronde: the Gloo backend cannot reduce dtype ",
+        tensor.scalar_type());
     at::Tensor h = host(tensor);
-    check(module_.allreduce(live(), h.data_ptr(), h.numel(), dtype,
-                            gloo_op(op), err_, sizeof(err_)));
+    check(module_.allreduce(
+        live(),
+        h.data_ptr(),
+        h.numel(),
+        dtype,
+        gloo_op(op),
+        err_,
+        sizeof(err_)));
     copy_back(tensor, h);
   }
 
-  void allgather(const at::Tensor& in, const at::Tensor& out,
-                 const std::vector<size_t>& bytes) override {
+  void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>& bytes) override {
     at::Tensor hi = host(in);
     at::Tensor ho = host(out);
-    check(module_.allgatherv(live(), hi.data_ptr(), hi.nbytes(), ho.data_ptr(),
-                             bytes.data(), err_, sizeof(err_)));
+    check(module_.allgatherv(
+        live(),
+        hi.data_ptr(),
+        hi.nbytes(),
+        ho.data_ptr(),
+        bytes.data(),
+        err_,
+        sizeof(err_)));
     copy_back(out, ho);
   }
 
   void broadcast(const at::Tensor& tensor, int root) override {
     at::Tensor h = host(tensor);
-    check(module_.broadcast(live(), h.data_ptr(), h.nbytes(), root, err_,
-                            sizeof(err_)));
+    check(module_.broadcast(
+        live(), h.data_ptr(), h.nbytes(), root, err_, sizeof(err_)));
     copy_back(tensor, h);
   }
 
-  void alltoall(const at::Tensor& in, const std::vector<int64_t>& send_bytes,
-                const at::Tensor& out,
-                const std::vector<int64_t>& recv_bytes) override {
+  void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>& send_bytes,
+      const at::Tensor& out,
+      const std::vector<int64_t>& recv_bytes) override {
     at::Tensor hi = host(in);
     at::Tensor ho = host(out);
-    check(module_.alltoallv(live(), hi.data_ptr(), send_bytes.data(),
-                            ho.data_ptr(), recv_bytes.data(), err_,
-                            sizeof(err_)));
+    check(module_.alltoallv(
+        live(),
+        hi.data_ptr(),
+        send_bytes.data(),
+        ho.data_ptr(),
+        recv_bytes.data(),
+        err_,
+        sizeof(err_)));
     copy_back(out, ho);
   }
 
@@ -323,15 +426,16 @@ class GlooCommunicator final : public Communicator {
  private:
   RondeGlooComm* live() {
     if (comm_ == nullptr) {
-      throw BackendFailure(CommError::Kind::Broken,
-                           "the Gloo communicator was aborted");
+      throw BackendFailure(
+          CommError::Kind::Broken, "the Gloo communicator was aborted");
     }
     return comm_;
   }
 
   void check(int rc) {
     switch (rc) {
-      case RONDE_GLOO_OK: return;
+      case RONDE_GLOO_OK:
+        return;
       case RONDE_GLOO_TIMEOUT:
         throw BackendFailure(CommError::Kind::Timeout, err_);
       case RONDE_GLOO_INVALID:
@@ -356,15 +460,27 @@ void load_gloo_backend() {
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-    int rank, int size, const std::string& hostname,
-    std::chrono::milliseconds timeout, const std::string& algorithm) {
-  TORCH_CHECK(algorithm == "ring" || algorithm == "bcube",
-              "ronde: unknown Gloo all-reduce algorithm '", algorithm,
-              "': expected 'ring' or 'bcube'");
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    const std::string& hostname,
+    std::chrono::milliseconds timeout,
+    const std::string& algorithm) {
+  TORCH_CHECK(
+      algorithm == "ring" || algorithm == "bcube",
+      "ronde: unknown Gloo all-reduce algorithm '",
+      algorithm,
+      "': expected 'ring' or 'bcube'");
   const GlooModule& module = load_module();
   return std::make_unique<GlooCommunicator>(
-      module, store, prefix, rank, size, hostname, timeout,
+      module,
+      store,
+      prefix,
+      rank,
+      size,
+      hostname,
+      timeout,
       algorithm == "bcube" ? RONDE_GLOO_BCUBE : RONDE_GLOO_RING);
 }
 

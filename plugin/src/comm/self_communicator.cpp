@@ -11,17 +11,28 @@ namespace {
 
 class SelfCommunicator final : public Communicator {
  public:
-  const char* backend() const override { return "self"; }
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
+  const char* backend() const override {
+    return "self";
+  }
+  int rank() const override {
+    return 0;
+  }
+  int size() const override {
+    return 1;
+  }
   void allreduce(const at::Tensor&, ReduceOp) override {}
-  void allgather(const at::Tensor& in, const at::Tensor& out,
-                 const std::vector<size_t>&) override {
+  void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>&) override {
     copy_bytes(in, out);
   }
   void broadcast(const at::Tensor&, int) override {}
-  void alltoall(const at::Tensor& in, const std::vector<int64_t>&,
-                const at::Tensor& out, const std::vector<int64_t>&) override {
+  void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>&,
+      const at::Tensor& out,
+      const std::vector<int64_t>&) override {
     copy_bytes(in, out);
   }
   void barrier() override {}

@@ -10,10 +10,13 @@
 namespace ronde::detail {
 
 std::vector<std::vector<size_t>> assign_buckets(
-    const std::vector<size_t>& bytes, const std::vector<std::string>& keys,
-    size_t first_cap, size_t cap) {
-  TORCH_CHECK(bytes.size() == keys.size(),
-              "assign_buckets: bytes and keys differ in length");
+    const std::vector<size_t>& bytes,
+    const std::vector<std::string>& keys,
+    size_t first_cap,
+    size_t cap) {
+  TORCH_CHECK(
+      bytes.size() == keys.size(),
+      "assign_buckets: bytes and keys differ in length");
   struct Open {
     std::vector<size_t> members;
     size_t size = 0;
@@ -33,10 +36,12 @@ std::vector<std::vector<size_t>> assign_buckets(
     }
   }
   for (auto& [key, b] : open) {
-    if (!b.members.empty()) done.push_back(std::move(b.members));
+    if (!b.members.empty())
+      done.push_back(std::move(b.members));
   }
-  std::sort(done.begin(), done.end(),
-            [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  std::sort(done.begin(), done.end(), [](const auto& a, const auto& b) {
+    return a.front() < b.front();
+  });
   return done;
 }
 

@@ -16,7 +16,9 @@ namespace ronde::detail {
 // Returns buckets of parameter indices, ordered by their first index: the
 // order in which every rank launches them.
 std::vector<std::vector<size_t>> assign_buckets(
-    const std::vector<size_t>& bytes, const std::vector<std::string>& keys,
-    size_t first_cap, size_t cap);
+    const std::vector<size_t>& bytes,
+    const std::vector<std::string>& keys,
+    size_t first_cap,
+    size_t cap);
 
 }  // namespace ronde::detail

@@ -10,33 +10,45 @@
 
 namespace ronde {
 
-DistributedSampler::DistributedSampler(size_t dataset_size,
-                                       DistributedSamplerOptions options)
+DistributedSampler::DistributedSampler(
+    size_t dataset_size, DistributedSamplerOptions options)
     : dataset_size_(dataset_size), options_(options) {
   replicas_ = options_.replicas() >= 0 ? options_.replicas()
                                        : (is_initialized() ? size() : 1);
-  rank_ = options_.rank() >= 0 ? options_.rank()
-                               : (is_initialized() ? rank() : 0);
+  rank_ =
+      options_.rank() >= 0 ? options_.rank() : (is_initialized() ? rank() : 0);
   TORCH_CHECK(replicas_ >= 1, "ronde: DistributedSampler needs replicas >= 1");
-  TORCH_CHECK(rank_ < replicas_, "ronde: DistributedSampler rank ", rank_,
-              " must be smaller than replicas ", replicas_);
-  TORCH_CHECK(!options_.drop_last() ||
-                  dataset_size_ >= static_cast<size_t>(replicas_),
-              "ronde: a dataset of ", dataset_size_, " samples cannot give ",
-              replicas_, " replicas one sample each with drop_last");
+  TORCH_CHECK(
+      rank_ < replicas_,
+      "ronde: DistributedSampler rank ",
+      rank_,
+      " must be smaller than replicas ",
+      replicas_);
+  TORCH_CHECK(
+      !options_.drop_last() || dataset_size_ >= static_cast<size_t>(replicas_),
+      "ronde: a dataset of ",
+      dataset_size_,
+      " samples cannot give ",
+      replicas_,
+      " replicas one sample each with drop_last");
   build();
 }
 
 void DistributedSampler::build() {
   std::vector<size_t> order(dataset_size_);
   if (options_.shuffle()) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed() + epoch_);
-    at::Tensor perm = at::randperm(static_cast<int64_t>(dataset_size_), gen,
-                                   at::TensorOptions().dtype(at::kLong));
+    auto gen =
+        at::make_generator<at::CPUGeneratorImpl>(options_.seed() + epoch_);
+    at::Tensor perm = at::randperm(
+        static_cast<int64_t>(dataset_size_),
+        gen,
+        at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();
-    for (size_t i = 0; i < dataset_size_; ++i) order[i] = static_cast<size_t>(p[i]);
+    for (size_t i = 0; i < dataset_size_; ++i)
+      order[i] = static_cast<size_t>(p[i]);
   } else {
-    for (size_t i = 0; i < dataset_size_; ++i) order[i] = i;
+    for (size_t i = 0; i < dataset_size_; ++i)
+      order[i] = i;
   }
   const size_t n = static_cast<size_t>(replicas_);
   size_t total = options_.drop_last() ? (dataset_size_ / n) * n
@@ -58,22 +70,26 @@ void DistributedSampler::set_epoch(int64_t epoch) {
 }
 
 void DistributedSampler::reset(std::optional<size_t> new_size) {
-  if (new_size) dataset_size_ = *new_size;
+  if (new_size)
+    dataset_size_ = *new_size;
   build();
 }
 
 std::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
-  if (position_ >= indices_.size()) return std::nullopt;
+  if (position_ >= indices_.size())
+    return std::nullopt;
   size_t end = std::min(indices_.size(), position_ + batch_size);
-  std::vector<size_t> batch(indices_.begin() + position_, indices_.begin() + end);
+  std::vector<size_t> batch(
+      indices_.begin() + position_, indices_.begin() + end);
   position_ = end;
   return batch;
 }
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("ronde_sampler_epoch", at::tensor({epoch_}, at::kLong));
-  archive.write("ronde_sampler_position",
-                at::tensor({static_cast<int64_t>(position_)}, at::kLong));
+  archive.write(
+      "ronde_sampler_position",
+      at::tensor({static_cast<int64_t>(position_)}, at::kLong));
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
@@ -81,7 +97,8 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   archive.read("ronde_sampler_epoch", epoch);
   archive.read("ronde_sampler_position", position);
   set_epoch(epoch.item<int64_t>());
-  position_ = std::min(indices_.size(), static_cast<size_t>(position.item<int64_t>()));
+  position_ =
+      std::min(indices_.size(), static_cast<size_t>(position.item<int64_t>()));
 }
 
 }  // namespace ronde

@@ -8,8 +8,8 @@
 #include <ronde/optimizer.h>
 
 #include "optim/bucket_assignment.h"
-#include "runtime/launch_env.h"
 #include "runtime/error_text.h"
+#include "runtime/launch_env.h"
 
 #include <ronde/runtime.h>
 
@@ -42,14 +42,21 @@ class ForwardingOptions : public torch::optim::OptimizerOptions {
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<ForwardingOptions>(target_, group_);
   }
-  double get_lr() const override { return resolve().get_lr(); }
-  void set_lr(const double lr) override { resolve().set_lr(lr); }
+  double get_lr() const override {
+    return resolve().get_lr();
+  }
+  void set_lr(const double lr) override {
+    resolve().set_lr(lr);
+  }
 
  private:
   torch::optim::OptimizerOptions& resolve() const {
-    if (group_ < 0) return target_->defaults();
-    TORCH_CHECK(static_cast<size_t>(group_) < target_->param_groups().size(),
-                "ronde: the wrapped optimizer lost param group ", group_);
+    if (group_ < 0)
+      return target_->defaults();
+    TORCH_CHECK(
+        static_cast<size_t>(group_) < target_->param_groups().size(),
+        "ronde: the wrapped optimizer lost param group ",
+        group_);
     return target_->param_groups()[group_].options();
   }
   torch::optim::Optimizer* target_;  // owned by the DistributedOptimizer
@@ -76,18 +83,21 @@ std::string describe_tensor(const std::string& name, const at::Tensor& t) {
 
 // Every rank's list of tensors must match rank 0's; otherwise every rank
 // raises the same error naming the first difference.
-void check_same_everywhere(const std::string& what,
-                           const std::vector<std::string>& lines) {
-  if (ronde::size() == 1) return;
+void check_same_everywhere(
+    const std::string& what, const std::vector<std::string>& lines) {
+  if (ronde::size() == 1)
+    return;
   std::string joined;
-  for (const auto& l : lines) joined += l + "\n";
+  for (const auto& l : lines)
+    joined += l + "\n";
   at::Tensor mine = at::empty({static_cast<int64_t>(joined.size())}, at::kByte);
   std::memcpy(mine.data_ptr(), joined.data(), joined.size());
   // Lengths first (one row each), so the texts can be split apart.
   at::Tensor lengths = ronde::allgather(
       at::full({1}, static_cast<int64_t>(joined.size()), at::kLong),
       CollectiveOptions().name(what + ".check"));
-  at::Tensor all = ronde::allgather(mine, CollectiveOptions().name(what + ".check"));
+  at::Tensor all =
+      ronde::allgather(mine, CollectiveOptions().name(what + ".check"));
   std::vector<std::vector<std::string>> per_rank;
   int64_t offset = 0;
   for (int r = 0; r < ronde::size(); ++r) {
@@ -96,7 +106,8 @@ void check_same_everywhere(const std::string& what,
     offset += len;
     std::vector<std::string> rows;
     std::istringstream is(text);
-    for (std::string row; std::getline(is, row);) rows.push_back(row);
+    for (std::string row; std::getline(is, row);)
+      rows.push_back(row);
     per_rank.push_back(std::move(rows));
   }
   for (int r = 1; r < ronde::size(); ++r) {
@@ -105,10 +116,27 @@ void check_same_everywhere(const std::string& what,
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
       std::string x = i < a.size() ? a[i] : "nothing";
       std::string y = i < b.size() ? b[i] : "nothing";
-      TORCH_CHECK(x == y, "ronde: ", what, ": ranks disagree (seen on rank ",
-                  ronde::rank(), "): at position ", i, " rank 0 has ", x,
-                  " but rank ", r, " has ", y, " (rank 0 has ", a.size(),
-                  ", rank ", r, " has ", b.size(), " in all)");
+      TORCH_CHECK(
+          x == y,
+          "ronde: ",
+          what,
+          ": ranks disagree (seen on rank ",
+          ronde::rank(),
+          "): at position ",
+          i,
+          " rank 0 has ",
+          x,
+          " but rank ",
+          r,
+          " has ",
+          y,
+          " (rank 0 has ",
+          a.size(),
+          ", rank ",
+          r,
+          " has ",
+          b.size(),
+          " in all)");
     }
   }
 }
@@ -127,8 +155,9 @@ std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
 // again starts from the base, not from the already scaled LR.
 struct BaseLrRegistry {
   std::mutex mutex;
-  std::map<const torch::optim::Optimizer*,
-           std::pair<std::weak_ptr<torch::optim::Optimizer>, std::vector<double>>>
+  std::map<
+      const torch::optim::Optimizer*,
+      std::pair<std::weak_ptr<torch::optim::Optimizer>, std::vector<double>>>
       entries;
 };
 
@@ -148,13 +177,15 @@ std::vector<double> remember_base_lrs(
     return it->second.second;
   }
   std::vector<double> lrs;
-  for (auto& g : opt->param_groups()) lrs.push_back(g.options().get_lr());
+  for (auto& g : opt->param_groups())
+    lrs.push_back(g.options().get_lr());
   reg.entries[opt.get()] = {opt, lrs};
   return lrs;
 }
 
-void set_base_lrs(const std::shared_ptr<torch::optim::Optimizer>& opt,
-                  const std::vector<double>& lrs) {
+void set_base_lrs(
+    const std::shared_ptr<torch::optim::Optimizer>& opt,
+    const std::vector<double>& lrs) {
   auto& reg = base_lr_registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   reg.entries[opt.get()] = {opt, lrs};
@@ -165,9 +196,10 @@ at::ScalarType wire_dtype(Compression c) {
 }
 
 double resolve_fusion_mb(double option) {
-  if (option > 0) return option;
-  TORCH_CHECK(option == 0, "ronde: fusion_threshold_mb must be positive, got ",
-              option);
+  if (option > 0)
+    return option;
+  TORCH_CHECK(
+      option == 0, "ronde: fusion_threshold_mb must be positive, got ", option);
   if (auto bytes = positive_env_number("RONDE_FUSION_THRESHOLD", "bytes")) {
     return *bytes / (1 << 20);
   }
@@ -178,21 +210,28 @@ double resolve_fusion_mb(double option) {
 
 class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
  public:
-  GradientEngine(std::vector<std::string> names,
-                 std::vector<at::Tensor> params,
-                 const DistributedOptimizerOptions& o)
+  GradientEngine(
+      std::vector<std::string> names,
+      std::vector<at::Tensor> params,
+      const DistributedOptimizerOptions& o)
       : options_(o), names_(std::move(names)) {
-    TORCH_CHECK(o.backward_passes_per_step() >= 1,
-                "ronde: backward_passes_per_step must be >= 1, got ",
-                o.backward_passes_per_step());
-    TORCH_CHECK(o.op() == ReduceOp::Average || o.op() == ReduceOp::Sum,
-                "ronde: DistributedOptimizer reduces with Average or Sum, got ",
-                to_string(o.op()));
-    TORCH_CHECK(o.gradient_predivide_factor() > 0,
-                "ronde: gradient_predivide_factor must be positive, got ",
-                o.gradient_predivide_factor());
-    TORCH_CHECK(o.first_bucket_mb() > 0, "ronde: first_bucket_mb must be "
-                "positive, got ", o.first_bucket_mb());
+    TORCH_CHECK(
+        o.backward_passes_per_step() >= 1,
+        "ronde: backward_passes_per_step must be >= 1, got ",
+        o.backward_passes_per_step());
+    TORCH_CHECK(
+        o.op() == ReduceOp::Average || o.op() == ReduceOp::Sum,
+        "ronde: DistributedOptimizer reduces with Average or Sum, got ",
+        to_string(o.op()));
+    TORCH_CHECK(
+        o.gradient_predivide_factor() > 0,
+        "ronde: gradient_predivide_factor must be positive, got ",
+        o.gradient_predivide_factor());
+    TORCH_CHECK(
+        o.first_bucket_mb() > 0,
+        "ronde: first_bucket_mb must be "
+        "positive, got ",
+        o.first_bucket_mb());
     const double mb = resolve_fusion_mb(o.fusion_threshold_mb());
     // Ready order: gradients arrive roughly in reverse registration order.
     std::vector<size_t> bytes;
@@ -208,17 +247,21 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       keys.push_back(key.str());
     }
     auto assignment = assign_buckets(
-        bytes, keys, static_cast<size_t>(o.first_bucket_mb() * (1 << 20)),
+        bytes,
+        keys,
+        static_cast<size_t>(o.first_bucket_mb() * (1 << 20)),
         static_cast<size_t>(mb * (1 << 20)));
     for (auto& members : assignment) {
       Bucket b;
       int64_t numel = 0;
-      for (size_t s : members) numel += slots_[s].param.numel();
+      for (size_t s : members)
+        numel += slots_[s].param.numel();
       const at::Tensor& first = slots_[members.front()].param;
       // One trailing element per parameter flags whether any rank produced
       // its gradient: the same all-reduce tells who used it.
-      b.buffer = at::zeros({numel + static_cast<int64_t>(members.size())},
-                           first.options().requires_grad(false));
+      b.buffer = at::zeros(
+          {numel + static_cast<int64_t>(members.size())},
+          first.options().requires_grad(false));
       b.mask = b.buffer.narrow(0, numel, members.size());
       int64_t offset = 0;
       for (size_t pos = 0; pos < members.size(); ++pos) {
@@ -228,9 +271,11 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         // An alias of the bucket's storage rather than an autograd view:
         // LibTorch's zero_grad() calls detach_(), which views refuse.
         s.view = at::empty({0}, b.buffer.options())
-                     .set_(b.buffer.storage(),
-                           b.buffer.storage_offset() + offset,
-                           s.param.sizes(), dense_strides(s.param.sizes()));
+                     .set_(
+                         b.buffer.storage(),
+                         b.buffer.storage_offset() + offset,
+                         s.param.sizes(),
+                         dense_strides(s.param.sizes()));
         offset += s.param.numel();
       }
       b.slots = members;
@@ -246,13 +291,18 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = slots_[i];
       s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
-      TORCH_CHECK(s.accumulator, "ronde: no gradient accumulator for '",
-                  names_[s.index], "' (is it a leaf that requires grad?)");
+      TORCH_CHECK(
+          s.accumulator,
+          "ronde: no gradient accumulator for '",
+          names_[s.index],
+          "' (is it a leaf that requires grad?)");
       s.hook_key = s.accumulator->add_post_hook(
           std::make_unique<torch::autograd::utils::LambdaPostHook>(
-              [weak, i](const torch::autograd::variable_list& outputs,
-                        const torch::autograd::variable_list&) {
-                if (auto engine = weak.lock()) engine->on_ready(i);
+              [weak, i](
+                  const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+                if (auto engine = weak.lock())
+                  engine->on_ready(i);
                 return outputs;
               }));
     }
@@ -260,7 +310,8 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
 
   ~GradientEngine() {
     for (auto& s : slots_) {
-      if (s.accumulator) s.accumulator->del_post_hook(s.hook_key);
+      if (s.accumulator)
+        s.accumulator->del_post_hook(s.hook_key);
     }
     // Let in-flight all-reduces finish before their buffers go away.
     for (auto& b : buckets_) {
@@ -277,38 +328,62 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::lock_guard<std::mutex> lock(mutex_);
     Slot& s = slots_[i];
     ++hooks_;
-    TORCH_CHECK(!synchronized_, "ronde: a gradient of '", names_[s.index],
-                "' arrived after synchronize() and before step() on rank ",
-                ronde::rank(), "; it would be lost");
+    TORCH_CHECK(
+        !synchronized_,
+        "ronde: a gradient of '",
+        names_[s.index],
+        "' arrived after synchronize() and before step() on rank ",
+        ronde::rank(),
+        "; it would be lost");
     ++s.passes;
     const int64_t k = options_.backward_passes_per_step();
-    TORCH_CHECK(s.passes <= k, "ronde: '", names_[s.index], "' received ",
-                s.passes, " backward passes without step() on rank ",
-                ronde::rank(), ", but backward_passes_per_step is ", k);
-    if (s.passes < k) return;  // accumulate locally
+    TORCH_CHECK(
+        s.passes <= k,
+        "ronde: '",
+        names_[s.index],
+        "' received ",
+        s.passes,
+        " backward passes without step() on rank ",
+        ronde::rank(),
+        ", but backward_passes_per_step is ",
+        k);
+    if (s.passes < k)
+      return;  // accumulate locally
     pack(s);
     Bucket& b = buckets_[s.bucket];
-    if (--b.pending == 0) launch_ready();
+    if (--b.pending == 0)
+      launch_ready();
   }
 
   void synchronize() {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (synchronized_) return;
+    if (synchronized_)
+      return;
     const int64_t k = options_.backward_passes_per_step();
     for (auto& s : slots_) {
-      TORCH_CHECK(s.passes == 0 || s.passes == k, "ronde: step() after ",
-                  s.passes, " backward passes on rank ", ronde::rank(),
-                  " (parameter '", names_[s.index],
-                  "'), but backward_passes_per_step is ", k,
-                  ": call step() after every ", k, " backward passes");
+      TORCH_CHECK(
+          s.passes == 0 || s.passes == k,
+          "ronde: step() after ",
+          s.passes,
+          " backward passes on rank ",
+          ronde::rank(),
+          " (parameter '",
+          names_[s.index],
+          "'), but backward_passes_per_step is ",
+          k,
+          ": call step() after every ",
+          k,
+          " backward passes");
     }
     // Buckets holding parameters that got no gradient here launch now, in
     // order, so every rank still runs every bucket.
-    while (next_launch_ < buckets_.size()) launch(next_launch_++);
+    while (next_launch_ < buckets_.size())
+      launch(next_launch_++);
     auto t0 = std::chrono::steady_clock::now();
     for (auto& b : buckets_) {
       b.handle.wait();
-      if (b.wire.defined()) b.buffer.copy_(b.wire);
+      if (b.wire.defined())
+        b.buffer.copy_(b.wire);
     }
     profile_.wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -321,10 +396,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         Slot& s = slots_[b.slots[pos]];
         // Unused on every rank: leave .grad as zero_grad() left it, as one
         // process would.
-        if (!(u[pos] > 0)) continue;
+        if (!(u[pos] > 0))
+          continue;
         at::Tensor& grad = s.param.mutable_grad();
         if (options_.gradient_as_bucket_view()) {
-          if (!grad.defined() || !grad.is_same(s.view)) grad = s.view;
+          if (!grad.defined() || !grad.is_same(s.view))
+            grad = s.view;
         } else if (grad.defined()) {
           grad.copy_(s.view);
         } else {
@@ -338,7 +415,8 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
 
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& s : slots_) s.passes = 0;
+    for (auto& s : slots_)
+      s.passes = 0;
     for (auto& b : buckets_) {
       b.pending = b.slots.size();
       b.launched = false;
@@ -355,7 +433,8 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::vector<std::vector<std::string>> out;
     for (const auto& b : buckets_) {
       out.emplace_back();
-      for (size_t s : b.slots) out.back().push_back(names_[slots_[s].index]);
+      for (size_t s : b.slots)
+        out.back().push_back(names_[slots_[s].index]);
     }
     return out;
   }
@@ -364,10 +443,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<at::Tensor> out;
     if (options_.gradient_as_bucket_view()) {
-      for (const auto& b : buckets_) out.push_back(b.buffer);
+      for (const auto& b : buckets_)
+        out.push_back(b.buffer);
     } else {
       for (const auto& s : slots_) {
-        if (s.param.grad().defined()) out.push_back(s.param.grad());
+        if (s.param.grad().defined())
+          out.push_back(s.param.grad());
       }
     }
     return out;
@@ -383,7 +464,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     at::Tensor param;
     size_t index = 0;  // in the user's named_parameters
     size_t bucket = 0;
-    size_t pos = 0;  // within the bucket
+    size_t pos = 0;   // within the bucket
     at::Tensor view;  // this parameter's segment of the bucket buffer
     int64_t passes = 0;
     c10::intrusive_ptr<torch::autograd::Node> accumulator;
@@ -404,9 +485,11 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void pack(Slot& s) {
     torch::NoGradGuard no_grad;
     at::Tensor& grad = s.param.mutable_grad();
-    if (grad.defined() && grad.is_same(s.view)) return;
+    if (grad.defined() && grad.is_same(s.view))
+      return;
     s.view.copy_(grad);
-    if (options_.gradient_as_bucket_view()) grad = s.view;
+    if (options_.gradient_as_bucket_view())
+      grad = s.view;
   }
 
   void launch_ready() {
@@ -428,12 +511,13 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         used[pos] = 1;
       }
     }
-    b.mask.copy_(at::from_blob(used.data(), {static_cast<int64_t>(used.size())},
-                               at::kFloat));
+    b.mask.copy_(at::from_blob(
+        used.data(), {static_cast<int64_t>(used.size())}, at::kFloat));
     const double f = options_.gradient_predivide_factor();
     double post = f;
     const int64_t k = options_.backward_passes_per_step();
-    if (k > 1 && options_.average_aggregated_gradients()) post /= k;
+    if (k > 1 && options_.average_aggregated_gradients())
+      post /= k;
     profile_.hooks_before_launch.push_back(hooks_);
     profile_.hooks = hooks_;
     at::Tensor target = b.buffer;
@@ -446,21 +530,22 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       b.wire = at::Tensor();
     }
     b.handle = allreduce_async_(
-        target, AllreduceOptions()
-                      .op(options_.op())
-                      .prescale_factor(1.0 / f)
-                      .postscale_factor(post)
-                      .name("ronde.bucket." + std::to_string(bi))
-                      // Bucket layouts were checked on the first step; later
-                      // steps skip the descriptor exchange.
-                      .verify(!verified_));
+        target,
+        AllreduceOptions()
+            .op(options_.op())
+            .prescale_factor(1.0 / f)
+            .postscale_factor(post)
+            .name("ronde.bucket." + std::to_string(bi))
+            // Bucket layouts were checked on the first step; later
+            // steps skip the descriptor exchange.
+            .verify(!verified_));
     b.launched = true;
   }
 
   DistributedOptimizerOptions options_;
   std::vector<std::string> names_;
   mutable std::mutex mutex_;  // guards everything below against hooks
-  std::vector<Slot> slots_;    // in ready (reverse registration) order
+  std::vector<Slot> slots_;   // in ready (reverse registration) order
   std::vector<Bucket> buckets_;
   size_t next_launch_ = 0;
   bool synchronized_ = false;
@@ -481,8 +566,10 @@ DistributedOptimizer::DistributedOptimizer(
           std::make_unique<detail::ForwardingOptions>(optimizer.get(), -1)),
       optimizer_(std::move(optimizer)),
       options_(options) {
-  TORCH_CHECK(optimizer_ != nullptr, "ronde: DistributedOptimizer needs an "
-              "optimizer to wrap");
+  TORCH_CHECK(
+      optimizer_ != nullptr,
+      "ronde: DistributedOptimizer needs an "
+      "optimizer to wrap");
   // Optimizer's constructor merges group options with the defaults and may
   // keep a copy of the defaults instead: point each group at its twin again.
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -494,7 +581,8 @@ DistributedOptimizer::DistributedOptimizer(
   std::vector<std::string> lines;
   std::unordered_set<const void*> known;
   for (const auto& item : named_parameters) {
-    if (!item.value().requires_grad()) continue;
+    if (!item.value().requires_grad())
+      continue;
     names.push_back(item.key());
     params.push_back(item.value());
     known.insert(item.value().unsafeGetTensorImpl());
@@ -504,22 +592,28 @@ DistributedOptimizer::DistributedOptimizer(
   // replicas drift apart silently.
   for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
     for (const auto& p : optimizer_->param_groups()[g].params()) {
-      TORCH_CHECK(!p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
-                  "ronde: the wrapped optimizer's param group ", g,
-                  " holds a parameter ", p.scalar_type(), p.sizes(),
-                  " that is not among named_parameters; its gradient would "
-                  "never be averaged");
+      TORCH_CHECK(
+          !p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
+          "ronde: the wrapped optimizer's param group ",
+          g,
+          " holds a parameter ",
+          p.scalar_type(),
+          p.sizes(),
+          " that is not among named_parameters; its gradient would "
+          "never be averaged");
     }
   }
   detail::check_same_everywhere("DistributedOptimizer parameters", lines);
   engine_ = std::make_shared<detail::GradientEngine>(names, params, options_);
   engine_->install_hooks();
   lr_scale_factor_ = ronde::lr_scale_factor(
-      options_.lr_scaling(), ronde::size(), options_.backward_passes_per_step());
+      options_.lr_scaling(),
+      ronde::size(),
+      options_.backward_passes_per_step());
   base_lrs_ = detail::remember_base_lrs(optimizer_);
   for (size_t g = 0; g < base_lrs_.size(); ++g) {
-    optimizer_->param_groups()[g].options().set_lr(base_lrs_[g] *
-                                                   lr_scale_factor_);
+    optimizer_->param_groups()[g].options().set_lr(
+        base_lrs_[g] * lr_scale_factor_);
   }
 }
 
@@ -545,18 +639,20 @@ torch::Tensor DistributedOptimizer::step(LossClosure closure) {
     engine_->reset();
     return out;
   }
-  TORCH_CHECK(options_.backward_passes_per_step() == 1,
-              "ronde: step(closure) evaluates the closure itself; use "
-              "backward_passes_per_step = 1 with it");
+  TORCH_CHECK(
+      options_.backward_passes_per_step() == 1,
+      "ronde: step(closure) evaluates the closure itself; use "
+      "backward_passes_per_step = 1 with it");
   // Each evaluation is one synchronised backward pass, and its loss the
   // mean over ranks: line searches then decide alike on every rank.
   auto synced = [&]() -> torch::Tensor {
     engine_->reset();
     torch::Tensor loss = closure();
     engine_->synchronize();
-    if (!loss.defined()) return loss;
-    return ronde::allreduce(loss.detach(), AllreduceOptions().name(
-                                               "ronde.closure_loss"));
+    if (!loss.defined())
+      return loss;
+    return ronde::allreduce(
+        loss.detach(), AllreduceOptions().name("ronde.closure_loss"));
   };
   torch::Tensor out = optimizer_->step(synced);
   engine_->reset();
@@ -567,7 +663,8 @@ void DistributedOptimizer::zero_grad(bool set_to_none) {
   optimizer_->zero_grad(set_to_none);
 }
 
-void DistributedOptimizer::save(torch::serialize::OutputArchive& archive) const {
+void DistributedOptimizer::save(
+    torch::serialize::OutputArchive& archive) const {
   optimizer_->save(archive);
   archive.write("ronde_base_lrs", at::tensor(base_lrs_, at::kDouble));
 }
@@ -609,16 +706,20 @@ void broadcast_parameters(
   for (const auto& item : named_tensors) {
     std::ostringstream key;
     key << item.value().scalar_type() << "@" << item.value().device();
-    if (!groups.count(key.str())) order.push_back(key.str());
+    if (!groups.count(key.str()))
+      order.push_back(key.str());
     groups[key.str()].push_back(item.value());
   }
   for (const auto& key : order) {
     auto& tensors = groups[key];
     std::vector<at::Tensor> flat;
-    for (auto& t : tensors) flat.push_back(t.reshape({-1}));
+    for (auto& t : tensors)
+      flat.push_back(t.reshape({-1}));
     at::Tensor buffer = at::cat(flat);
-    broadcast_(buffer, root_rank,
-               CollectiveOptions().name("ronde.broadcast_parameters." + key));
+    broadcast_(
+        buffer,
+        root_rank,
+        CollectiveOptions().name("ronde.broadcast_parameters." + key));
     int64_t offset = 0;
     for (auto& t : tensors) {
       t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -627,8 +728,8 @@ void broadcast_parameters(
   }
 }
 
-void broadcast_optimizer_state(torch::optim::Optimizer& optimizer,
-                               int root_rank) {
+void broadcast_optimizer_state(
+    torch::optim::Optimizer& optimizer, int root_rank) {
   std::string bytes;
   if (ronde::rank() == root_rank) {
     torch::serialize::OutputArchive archive;
@@ -638,17 +739,18 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer,
     bytes = os.str();
   }
   at::Tensor len = ronde::broadcast(
-      at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong), root_rank,
+      at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong),
+      root_rank,
       CollectiveOptions().name("ronde.optimizer_state.size"));
   at::Tensor data = at::empty({len.item<int64_t>()}, at::kByte);
   if (ronde::rank() == root_rank) {
     std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
   }
-  broadcast_(data, root_rank,
-             CollectiveOptions().name("ronde.optimizer_state"));
+  broadcast_(
+      data, root_rank, CollectiveOptions().name("ronde.optimizer_state"));
   if (ronde::rank() != root_rank) {
-    std::istringstream is(std::string(static_cast<const char*>(data.data_ptr()),
-                                      data.numel()));
+    std::istringstream is(
+        std::string(static_cast<const char*>(data.data_ptr()), data.numel()));
     torch::serialize::InputArchive archive;
     archive.load_from(is);
     optimizer.load(archive);

@@ -14,30 +14,36 @@
 
 namespace ronde {
 
-double lr_scale_factor(LrScaling scaling, int64_t replicas,
-                       int64_t backward_passes_per_step) {
+double lr_scale_factor(
+    LrScaling scaling, int64_t replicas, int64_t backward_passes_per_step) {
   TORCH_CHECK(replicas >= 1, "ronde: replicas must be >= 1, got ", replicas);
-  TORCH_CHECK(backward_passes_per_step >= 1,
-              "ronde: backward_passes_per_step must be >= 1, got ",
-              backward_passes_per_step);
+  TORCH_CHECK(
+      backward_passes_per_step >= 1,
+      "ronde: backward_passes_per_step must be >= 1, got ",
+      backward_passes_per_step);
   const double n = static_cast<double>(replicas * backward_passes_per_step);
   switch (scaling) {
-    case LrScaling::None: return 1.0;
-    case LrScaling::Linear: return n;
-    case LrScaling::Sqrt: return std::sqrt(n);
+    case LrScaling::None:
+      return 1.0;
+    case LrScaling::Linear:
+      return n;
+    case LrScaling::Sqrt:
+      return std::sqrt(n);
   }
   return 1.0;
 }
 
-double scale_lr(double base_lr, LrScaling scaling,
-                int64_t backward_passes_per_step) {
+double scale_lr(
+    double base_lr, LrScaling scaling, int64_t backward_passes_per_step) {
   const int64_t replicas = is_initialized() ? size() : 1;
   return base_lr * lr_scale_factor(scaling, replicas, backward_passes_per_step);
 }
 
 Decay Decay::step(int64_t step_size, double gamma) {
-  TORCH_CHECK(step_size >= 1, "ronde: Decay::step needs step_size >= 1, got ",
-              step_size);
+  TORCH_CHECK(
+      step_size >= 1,
+      "ronde: Decay::step needs step_size >= 1, got ",
+      step_size);
   Decay d;
   d.shape = DecayShape::Step;
   d.step_size = step_size;
@@ -46,8 +52,9 @@ Decay Decay::step(int64_t step_size, double gamma) {
 }
 
 Decay Decay::multi_step(std::vector<int64_t> milestones, double gamma) {
-  TORCH_CHECK(std::is_sorted(milestones.begin(), milestones.end()),
-              "ronde: Decay::multi_step milestones must be increasing");
+  TORCH_CHECK(
+      std::is_sorted(milestones.begin(), milestones.end()),
+      "ronde: Decay::multi_step milestones must be increasing");
   Decay d;
   d.shape = DecayShape::MultiStep;
   d.milestones = std::move(milestones);
@@ -64,9 +71,10 @@ Decay Decay::cosine(int64_t total_steps, double floor_factor) {
   return d;
 }
 
-Decay Decay::polynomial(int64_t total_steps, double power, double floor_factor) {
-  TORCH_CHECK(total_steps >= 1,
-              "ronde: Decay::polynomial needs total_steps >= 1");
+Decay Decay::polynomial(
+    int64_t total_steps, double power, double floor_factor) {
+  TORCH_CHECK(
+      total_steps >= 1, "ronde: Decay::polynomial needs total_steps >= 1");
   Decay d;
   d.shape = DecayShape::Polynomial;
   d.total_steps = total_steps;
@@ -82,20 +90,25 @@ double schedule_factor(const WarmupOptions& o, double k, int64_t t) {
   if (t < T) {
     const double frac = static_cast<double>(t) / T;
     switch (o.shape()) {
-      case WarmupShape::Linear: return (1.0 + (k - 1.0) * frac) / k;
-      case WarmupShape::Exponential: return std::pow(k, frac - 1.0);
-      case WarmupShape::Constant: return 1.0 / k;
+      case WarmupShape::Linear:
+        return (1.0 + (k - 1.0) * frac) / k;
+      case WarmupShape::Exponential:
+        return std::pow(k, frac - 1.0);
+      case WarmupShape::Constant:
+        return 1.0 / k;
     }
   }
   const Decay& d = o.then();
   const int64_t s = t - T;
   switch (d.shape) {
-    case DecayShape::Constant: return 1.0;
+    case DecayShape::Constant:
+      return 1.0;
     case DecayShape::Step:
       return std::pow(d.gamma, static_cast<double>(s / d.step_size));
     case DecayShape::MultiStep: {
-      auto passed = std::upper_bound(d.milestones.begin(), d.milestones.end(), s) -
-                    d.milestones.begin();
+      auto passed =
+          std::upper_bound(d.milestones.begin(), d.milestones.end(), s) -
+          d.milestones.begin();
       return std::pow(d.gamma, static_cast<double>(passed));
     }
     case DecayShape::Cosine: {
@@ -112,14 +125,17 @@ double schedule_factor(const WarmupOptions& o, double k, int64_t t) {
   return 1.0;
 }
 
-WarmupScheduler::WarmupScheduler(torch::optim::Optimizer& optimizer,
-                                 WarmupOptions options)
+WarmupScheduler::WarmupScheduler(
+    torch::optim::Optimizer& optimizer, WarmupOptions options)
     : optimizer_(optimizer), options_(std::move(options)) {
-  TORCH_CHECK(options_.warmup_steps() >= 0,
-              "ronde: warmup_steps must be >= 0, got ", options_.warmup_steps());
-  TORCH_CHECK(options_.multiplier() >= 0,
-              "ronde: warmup multiplier must be >= 0, got ",
-              options_.multiplier());
+  TORCH_CHECK(
+      options_.warmup_steps() >= 0,
+      "ronde: warmup_steps must be >= 0, got ",
+      options_.warmup_steps());
+  TORCH_CHECK(
+      options_.multiplier() >= 0,
+      "ronde: warmup multiplier must be >= 0, got ",
+      options_.multiplier());
   multiplier_ = options_.multiplier();
   if (multiplier_ == 0) {
     auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer_);
@@ -139,9 +155,12 @@ void WarmupScheduler::step() {
 void WarmupScheduler::apply() {
   const double f = schedule_factor(options_, multiplier_, step_);
   auto& groups = optimizer_.param_groups();
-  TORCH_CHECK(groups.size() == peak_lrs_.size(),
-              "ronde: the optimizer has ", groups.size(),
-              " param groups, the scheduler was made for ", peak_lrs_.size());
+  TORCH_CHECK(
+      groups.size() == peak_lrs_.size(),
+      "ronde: the optimizer has ",
+      groups.size(),
+      " param groups, the scheduler was made for ",
+      peak_lrs_.size());
   for (size_t i = 0; i < groups.size(); ++i) {
     groups[i].options().set_lr(peak_lrs_[i] * f);
   }
@@ -149,15 +168,18 @@ void WarmupScheduler::apply() {
 
 std::vector<double> WarmupScheduler::current_lrs() const {
   std::vector<double> out;
-  for (const auto& g : optimizer_.param_groups()) out.push_back(g.options().get_lr());
+  for (const auto& g : optimizer_.param_groups())
+    out.push_back(g.options().get_lr());
   return out;
 }
 
 void WarmupScheduler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("ronde_warmup_step", at::tensor({step_}, at::kLong));
-  archive.write("ronde_warmup_multiplier", at::tensor({multiplier_}, at::kDouble));
-  archive.write("ronde_warmup_peak_lrs",
-                at::tensor(peak_lrs_, at::TensorOptions().dtype(at::kDouble)));
+  archive.write(
+      "ronde_warmup_multiplier", at::tensor({multiplier_}, at::kDouble));
+  archive.write(
+      "ronde_warmup_peak_lrs",
+      at::tensor(peak_lrs_, at::TensorOptions().dtype(at::kDouble)));
 }
 
 void WarmupScheduler::load(torch::serialize::InputArchive& archive) {
@@ -165,9 +187,12 @@ void WarmupScheduler::load(torch::serialize::InputArchive& archive) {
   archive.read("ronde_warmup_step", step);
   archive.read("ronde_warmup_multiplier", mult);
   archive.read("ronde_warmup_peak_lrs", peaks);
-  TORCH_CHECK(peaks.numel() == static_cast<int64_t>(peak_lrs_.size()),
-              "ronde: saved scheduler has ", peaks.numel(),
-              " param groups, this optimizer has ", peak_lrs_.size());
+  TORCH_CHECK(
+      peaks.numel() == static_cast<int64_t>(peak_lrs_.size()),
+      "ronde: saved scheduler has ",
+      peaks.numel(),
+      " param groups, this optimizer has ",
+      peak_lrs_.size());
   step_ = step.item<int64_t>();
   multiplier_ = mult.item<double>();
   for (size_t i = 0; i < peak_lrs_.size(); ++i) {
@@ -176,28 +201,35 @@ void WarmupScheduler::load(torch::serialize::InputArchive& archive) {
   apply();
 }
 
-GlobalBatch GlobalBatch::per_replica(int64_t batch,
-                                     int64_t backward_passes_per_step) {
+GlobalBatch GlobalBatch::per_replica(
+    int64_t batch, int64_t backward_passes_per_step) {
   TORCH_CHECK(batch >= 1, "ronde: per-replica batch must be >= 1, got ", batch);
-  TORCH_CHECK(backward_passes_per_step >= 1,
-              "ronde: backward_passes_per_step must be >= 1, got ",
-              backward_passes_per_step);
-  return GlobalBatch(batch, is_initialized() ? size() : 1,
-                     backward_passes_per_step);
+  TORCH_CHECK(
+      backward_passes_per_step >= 1,
+      "ronde: backward_passes_per_step must be >= 1, got ",
+      backward_passes_per_step);
+  return GlobalBatch(
+      batch, is_initialized() ? size() : 1, backward_passes_per_step);
 }
 
-GlobalBatch GlobalBatch::global(int64_t batch,
-                                int64_t backward_passes_per_step) {
-  TORCH_CHECK(backward_passes_per_step >= 1,
-              "ronde: backward_passes_per_step must be >= 1, got ",
-              backward_passes_per_step);
+GlobalBatch GlobalBatch::global(
+    int64_t batch, int64_t backward_passes_per_step) {
+  TORCH_CHECK(
+      backward_passes_per_step >= 1,
+      "ronde: backward_passes_per_step must be >= 1, got ",
+      backward_passes_per_step);
   const int64_t replicas = is_initialized() ? size() : 1;
   const int64_t parts = replicas * backward_passes_per_step;
-  TORCH_CHECK(batch >= parts && batch % parts == 0, "ronde: global batch ",
-              batch, " does not divide into ", replicas, " replicas x ",
-              backward_passes_per_step,
-              " backward passes per step; choose the per-replica batch and "
-              "derive the global batch from it (GlobalBatch::per_replica)");
+  TORCH_CHECK(
+      batch >= parts && batch % parts == 0,
+      "ronde: global batch ",
+      batch,
+      " does not divide into ",
+      replicas,
+      " replicas x ",
+      backward_passes_per_step,
+      " backward passes per step; choose the per-replica batch and "
+      "derive the global batch from it (GlobalBatch::per_replica)");
   return GlobalBatch(batch / parts, replicas, backward_passes_per_step);
 }
 

@@ -10,35 +10,56 @@
 
 namespace ronde::detail {
 
-int parse_env_int(const std::string& what, const std::string& value, int lo,
-                  int hi) {
+int parse_env_int(
+    const std::string& what, const std::string& value, int lo, int hi) {
   long long v = 0;
   const char* begin = value.data();
   const char* end = value.data() + value.size();
   auto [ptr, ec] = std::from_chars(begin, end, v);
-  TORCH_CHECK(!value.empty() && ec == std::errc() && ptr == end,
-              "ronde: environment variable ", what, "='", value,
-              "' is not an integer");
-  TORCH_CHECK(v >= lo && v <= hi, "ronde: environment variable ", what, "=",
-              value, " is out of range: expected ", lo, " <= ", what, " <= ",
-              hi);
+  TORCH_CHECK(
+      !value.empty() && ec == std::errc() && ptr == end,
+      "ronde: environment variable ",
+      what,
+      "='",
+      value,
+      "' is not an integer");
+  TORCH_CHECK(
+      v >= lo && v <= hi,
+      "ronde: environment variable ",
+      what,
+      "=",
+      value,
+      " is out of range: expected ",
+      lo,
+      " <= ",
+      what,
+      " <= ",
+      hi);
   return static_cast<int>(v);
 }
 
 std::optional<double> positive_env_number(const char* name, const char* unit) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
+  if (v == nullptr || *v == '\0')
+    return std::nullopt;
   char* end = nullptr;
   double x = std::strtod(v, &end);
-  TORCH_CHECK(end != v && *end == '\0' && x > 0, "ronde: ", name, "='", v,
-              "' is not a positive number of ", unit);
+  TORCH_CHECK(
+      end != v && *end == '\0' && x > 0,
+      "ronde: ",
+      name,
+      "='",
+      v,
+      "' is not a positive number of ",
+      unit);
   return x;
 }
 
 EnvLookup process_env() {
   return [](const std::string& name) -> std::optional<std::string> {
     const char* v = std::getenv(name.c_str());
-    if (v == nullptr) return std::nullopt;
+    if (v == nullptr)
+      return std::nullopt;
     return std::string(v);
   };
 }
@@ -52,19 +73,29 @@ struct Reader {
 
   std::optional<std::string> str(const std::string& name) const {
     auto v = env(name);
-    if (v && v->empty()) return std::nullopt;
+    if (v && v->empty())
+      return std::nullopt;
     return v;
   }
   std::optional<int> num(const std::string& name, int lo, int hi) const {
     auto v = str(name);
-    if (!v) return std::nullopt;
+    if (!v)
+      return std::nullopt;
     return parse_env_int(name, *v, lo, hi);
   }
-  int required(const std::string& name, int lo, int hi,
-               const std::string& source) const {
+  int required(
+      const std::string& name,
+      int lo,
+      int hi,
+      const std::string& source) const {
     auto v = num(name, lo, hi);
-    TORCH_CHECK(v.has_value(), "ronde: ", source, " launch detected but ",
-                name, " is not set");
+    TORCH_CHECK(
+        v.has_value(),
+        "ronde: ",
+        source,
+        " launch detected but ",
+        name,
+        " is not set");
     return *v;
   }
 };
@@ -72,35 +103,75 @@ struct Reader {
 // Slurm writes tasks per node as "4(x2),3": the first count is ours when all
 // nodes are alike, which is the only layout local_size can describe.
 std::optional<int> slurm_leading_count(const std::optional<std::string>& v) {
-  if (!v) return std::nullopt;
+  if (!v)
+    return std::nullopt;
   size_t n = 0;
-  while (n < v->size() && std::isdigit(static_cast<unsigned char>((*v)[n]))) ++n;
-  if (n == 0) return std::nullopt;
+  while (n < v->size() && std::isdigit(static_cast<unsigned char>((*v)[n])))
+    ++n;
+  if (n == 0)
+    return std::nullopt;
   return parse_env_int("SLURM_NTASKS_PER_NODE", v->substr(0, n), 1, kMaxRanks);
 }
 
-void validate(LaunchInfo& info, const std::string& rank_var,
-              const std::string& size_var) {
-  TORCH_CHECK(info.rank < info.size, "ronde: ", rank_var, "=", info.rank,
-              " must be smaller than ", size_var, "=", info.size);
-  TORCH_CHECK(info.local_size >= 1 && info.local_size <= info.size,
-              "ronde: local size ", info.local_size,
-              " must be between 1 and the world size ", info.size);
-  TORCH_CHECK(info.local_rank < info.local_size, "ronde: local rank ",
-              info.local_rank, " must be smaller than the local size ",
-              info.local_size, " (", info.source, " launch)");
-  TORCH_CHECK(info.cross_rank < info.cross_size, "ronde: cross rank ",
-              info.cross_rank, " must be smaller than the cross size ",
-              info.cross_size, " (", info.source, " launch)");
+void validate(
+    LaunchInfo& info,
+    const std::string& rank_var,
+    const std::string& size_var) {
+  TORCH_CHECK(
+      info.rank < info.size,
+      "ronde: ",
+      rank_var,
+      "=",
+      info.rank,
+      " must be smaller than ",
+      size_var,
+      "=",
+      info.size);
+  TORCH_CHECK(
+      info.local_size >= 1 && info.local_size <= info.size,
+      "ronde: local size ",
+      info.local_size,
+      " must be between 1 and the world size ",
+      info.size);
+  TORCH_CHECK(
+      info.local_rank < info.local_size,
+      "ronde: local rank ",
+      info.local_rank,
+      " must be smaller than the local size ",
+      info.local_size,
+      " (",
+      info.source,
+      " launch)");
+  TORCH_CHECK(
+      info.cross_rank < info.cross_size,
+      "ronde: cross rank ",
+      info.cross_rank,
+      " must be smaller than the cross size ",
+      info.cross_size,
+      " (",
+      info.source,
+      " launch)");
   if (info.size > 1) {
-    TORCH_CHECK(!info.addr.empty(), "ronde: rank ", info.rank, " of ",
-                info.size, " (", info.source,
-                " launch) has no rendezvous address: set "
-                "RONDE_RENDEZVOUS_ADDR or MASTER_ADDR");
-    TORCH_CHECK(info.port > 0, "ronde: rank ", info.rank, " of ", info.size,
-                " (", info.source,
-                " launch) has no rendezvous port: set RONDE_RENDEZVOUS_PORT "
-                "or MASTER_PORT");
+    TORCH_CHECK(
+        !info.addr.empty(),
+        "ronde: rank ",
+        info.rank,
+        " of ",
+        info.size,
+        " (",
+        info.source,
+        " launch) has no rendezvous address: set "
+        "RONDE_RENDEZVOUS_ADDR or MASTER_ADDR");
+    TORCH_CHECK(
+        info.port > 0,
+        "ronde: rank ",
+        info.rank,
+        " of ",
+        info.size,
+        " (",
+        info.source,
+        " launch) has no rendezvous port: set RONDE_RENDEZVOUS_PORT "
+        "or MASTER_PORT");
   }
 }
 
@@ -109,11 +180,13 @@ void validate(LaunchInfo& info, const std::string& rank_var,
 void derive_cross(LaunchInfo& info) {
   info.cross_size = std::max(1, info.size / info.local_size);
   info.cross_rank = info.rank / info.local_size;
-  if (info.cross_rank >= info.cross_size) info.cross_rank = info.cross_size - 1;
+  if (info.cross_rank >= info.cross_size)
+    info.cross_rank = info.cross_size - 1;
 }
 
 void read_address(const Reader& r, LaunchInfo& info) {
-  info.addr = r.str("RONDE_RENDEZVOUS_ADDR").value_or(r.str("MASTER_ADDR").value_or(""));
+  info.addr = r.str("RONDE_RENDEZVOUS_ADDR")
+                  .value_or(r.str("MASTER_ADDR").value_or(""));
   if (auto p = r.num("RONDE_RENDEZVOUS_PORT", 1, 65535)) {
     info.port = *p;
   } else if (auto mp = r.num("MASTER_PORT", 1, 65535)) {
@@ -130,11 +203,15 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     info.source = "ronde";
     info.size = r.required("RONDE_SIZE", 1, kMaxRanks, "ronde");
     info.rank = r.required("RONDE_RANK", 0, kMaxRanks, "ronde");
-    info.local_rank = r.num("RONDE_LOCAL_RANK", 0, kMaxRanks).value_or(info.rank);
-    info.local_size = r.num("RONDE_LOCAL_SIZE", 1, kMaxRanks).value_or(info.size);
+    info.local_rank =
+        r.num("RONDE_LOCAL_RANK", 0, kMaxRanks).value_or(info.rank);
+    info.local_size =
+        r.num("RONDE_LOCAL_SIZE", 1, kMaxRanks).value_or(info.size);
     derive_cross(info);
-    info.cross_rank = r.num("RONDE_CROSS_RANK", 0, kMaxRanks).value_or(info.cross_rank);
-    info.cross_size = r.num("RONDE_CROSS_SIZE", 1, kMaxRanks).value_or(info.cross_size);
+    info.cross_rank =
+        r.num("RONDE_CROSS_RANK", 0, kMaxRanks).value_or(info.cross_rank);
+    info.cross_size =
+        r.num("RONDE_CROSS_SIZE", 1, kMaxRanks).value_or(info.cross_size);
     read_address(r, info);
     info.job_id = r.str("RONDE_JOB_ID").value_or("default");
     validate(info, "RONDE_RANK", "RONDE_SIZE");
@@ -145,38 +222,48 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     info.local_rank = r.num("LOCAL_RANK", 0, kMaxRanks).value_or(0);
     info.local_size = r.num("LOCAL_WORLD_SIZE", 1, kMaxRanks).value_or(1);
     derive_cross(info);
-    info.cross_rank = r.num("GROUP_RANK", 0, kMaxRanks).value_or(info.cross_rank);
+    info.cross_rank =
+        r.num("GROUP_RANK", 0, kMaxRanks).value_or(info.cross_rank);
     read_address(r, info);
-    info.job_id = r.str("RONDE_JOB_ID").value_or(
-        r.str("TORCHELASTIC_RUN_ID").value_or("default"));
+    info.job_id =
+        r.str("RONDE_JOB_ID")
+            .value_or(r.str("TORCHELASTIC_RUN_ID").value_or("default"));
     validate(info, "RANK", "WORLD_SIZE");
   } else if (r.str("SLURM_PROCID")) {
     info.source = "slurm";
     info.size = r.required("SLURM_NTASKS", 1, kMaxRanks, "slurm");
     info.rank = r.required("SLURM_PROCID", 0, kMaxRanks, "slurm");
     info.local_rank = r.num("SLURM_LOCALID", 0, kMaxRanks).value_or(0);
-    info.local_size = slurm_leading_count(r.str("SLURM_NTASKS_PER_NODE"))
-                          .value_or(slurm_leading_count(r.str("SLURM_TASKS_PER_NODE"))
-                                        .value_or(1));
+    info.local_size =
+        slurm_leading_count(r.str("SLURM_NTASKS_PER_NODE"))
+            .value_or(
+                slurm_leading_count(r.str("SLURM_TASKS_PER_NODE")).value_or(1));
     derive_cross(info);
-    info.cross_rank = r.num("SLURM_NODEID", 0, kMaxRanks).value_or(info.cross_rank);
-    info.cross_size = r.num("SLURM_NNODES", 1, kMaxRanks).value_or(info.cross_size);
+    info.cross_rank =
+        r.num("SLURM_NODEID", 0, kMaxRanks).value_or(info.cross_rank);
+    info.cross_size =
+        r.num("SLURM_NNODES", 1, kMaxRanks).value_or(info.cross_size);
     read_address(r, info);
     auto job = r.str("SLURM_JOB_ID");
     auto step = r.str("SLURM_STEP_ID");
-    info.job_id = r.str("RONDE_JOB_ID").value_or(
-        job ? "slurm-" + *job + (step ? "." + *step : "") : "default");
+    info.job_id =
+        r.str("RONDE_JOB_ID")
+            .value_or(
+                job ? "slurm-" + *job + (step ? "." + *step : "") : "default");
     validate(info, "SLURM_PROCID", "SLURM_NTASKS");
   } else if (r.str("OMPI_COMM_WORLD_RANK")) {
     info.source = "openmpi";
     info.size = r.required("OMPI_COMM_WORLD_SIZE", 1, kMaxRanks, "openmpi");
     info.rank = r.required("OMPI_COMM_WORLD_RANK", 0, kMaxRanks, "openmpi");
-    info.local_rank = r.num("OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxRanks).value_or(0);
-    info.local_size = r.num("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks).value_or(1);
+    info.local_rank =
+        r.num("OMPI_COMM_WORLD_LOCAL_RANK", 0, kMaxRanks).value_or(0);
+    info.local_size =
+        r.num("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks).value_or(1);
     derive_cross(info);
     read_address(r, info);
-    info.job_id = r.str("RONDE_JOB_ID").value_or(
-        r.str("OMPI_MCA_ess_base_jobid").value_or("default"));
+    info.job_id =
+        r.str("RONDE_JOB_ID")
+            .value_or(r.str("OMPI_MCA_ess_base_jobid").value_or("default"));
     validate(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
   }
   return info;

@@ -35,8 +35,8 @@ EnvLookup process_env();
 
 // Strict integer parsing for environment values: the whole string must be a
 // base-10 integer in [lo, hi]. `what` names the variable in the error.
-int parse_env_int(const std::string& what, const std::string& value, int lo,
-                  int hi);
+int parse_env_int(
+    const std::string& what, const std::string& value, int lo, int hi);
 
 // A knob's environment variable holding a positive number: nullopt when
 // unset or empty; c10::Error naming the variable when it is not positive.

@@ -31,10 +31,12 @@ Runtime* g_runtime = nullptr;
 constexpr double kDefaultTimeoutSeconds = 30.0;
 
 double resolve_timeout(const InitOptions& options) {
-  if (options.timeout_seconds() > 0) return options.timeout_seconds();
-  TORCH_CHECK(options.timeout_seconds() == 0,
-              "ronde: InitOptions::timeout_seconds must be positive, got ",
-              options.timeout_seconds());
+  if (options.timeout_seconds() > 0)
+    return options.timeout_seconds();
+  TORCH_CHECK(
+      options.timeout_seconds() == 0,
+      "ronde: InitOptions::timeout_seconds must be positive, got ",
+      options.timeout_seconds());
   if (auto t = positive_env_number("RONDE_TIMEOUT_SECONDS", "seconds")) {
     return *t;
   }
@@ -50,12 +52,15 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-std::string resolve_hostname(const InitOptions& options,
-                             const LaunchInfo& info) {
-  if (!options.hostname().empty()) return options.hostname();
+std::string resolve_hostname(
+    const InitOptions& options, const LaunchInfo& info) {
+  if (!options.hostname().empty())
+    return options.hostname();
   std::string h = env_or("RONDE_HOSTNAME", "");
-  if (!h.empty()) return h;
-  if (is_loopback(info.addr)) return "127.0.0.1";
+  if (!h.empty())
+    return h;
+  if (is_loopback(info.addr))
+    return "127.0.0.1";
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
     return name;
@@ -64,10 +69,15 @@ std::string resolve_hostname(const InitOptions& options,
 }
 
 CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {
-  return CommError(CommError::Kind::Rendezvous, "rendezvous", "", info.rank,
-                   {}, "tcpstore",
-                   "job '" + info.job_id + "' at " + info.addr + ":" +
-                       std::to_string(info.port) + ": " + msg);
+  return CommError(
+      CommError::Kind::Rendezvous,
+      "rendezvous",
+      "",
+      info.rank,
+      {},
+      "tcpstore",
+      "job '" + info.job_id + "' at " + info.addr + ":" +
+          std::to_string(info.port) + ": " + msg);
 }
 
 // Rank 0 publishes the job's identity; every other rank reads it before it
@@ -75,11 +85,11 @@ CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {
 // leaves without touching this job's keys.
 void check_identity(Runtime& rt) {
   const LaunchInfo& info = rt.info;
-  const std::string identity =
-      info.job_id + "|" + std::to_string(info.size);
+  const std::string identity = info.job_id + "|" + std::to_string(info.size);
   if (info.rank == 0) {
-    rt.store->set("ronde/identity",
-                  std::vector<uint8_t>(identity.begin(), identity.end()));
+    rt.store->set(
+        "ronde/identity",
+        std::vector<uint8_t>(identity.begin(), identity.end()));
   } else {
     auto v = rt.store->get("ronde/identity");
     std::string theirs(v.begin(), v.end());
@@ -89,20 +99,23 @@ void check_identity(Runtime& rt) {
       std::string their_size =
           bar == std::string::npos ? "?" : theirs.substr(bar + 1);
       throw rendezvous_error(
-          info, "refused: the store there belongs to job '" + their_job +
-                    "' of " + their_size + " ranks, but this process (rank " +
-                    std::to_string(info.rank) + ") was started for job '" +
-                    info.job_id + "' of " + std::to_string(info.size) +
-                    " ranks");
+          info,
+          "refused: the store there belongs to job '" + their_job + "' of " +
+              their_size + " ranks, but this process (rank " +
+              std::to_string(info.rank) + ") was started for job '" +
+              info.job_id + "' of " + std::to_string(info.size) + " ranks");
     }
   }
   // Two processes started with the same rank would corrupt the mesh.
-  int64_t claims = rt.store->add(rt.key("rank/" + std::to_string(info.rank)), 1);
+  int64_t claims =
+      rt.store->add(rt.key("rank/" + std::to_string(info.rank)), 1);
   if (claims != 1) {
-    throw rendezvous_error(info, "rank " + std::to_string(info.rank) +
-                                     " was claimed by another process "
-                                     "already (two processes with the same "
-                                     "rank?)");
+    throw rendezvous_error(
+        info,
+        "rank " + std::to_string(info.rank) +
+            " was claimed by another process "
+            "already (two processes with the same "
+            "rank?)");
   }
 }
 
@@ -125,13 +138,20 @@ void connect(Runtime& rt, const InitOptions& options) {
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
-    throw rendezvous_error(info, std::string("cannot reach the rendezvous "
-                                             "store: ") + error_text(e));
+    throw rendezvous_error(
+        info,
+        std::string("cannot reach the rendezvous "
+                    "store: ") +
+            error_text(e));
   }
   try {
     rt.comm = make_gloo_communicator(
-        rt.store, rt.key("gloo/"), info.rank, info.size,
-        resolve_hostname(options, info), rt.timeout,
+        rt.store,
+        rt.key("gloo/"),
+        info.rank,
+        info.size,
+        resolve_hostname(options, info),
+        rt.timeout,
         options.gloo_algorithm().empty()
             ? env_or("RONDE_GLOO_ALGORITHM", "ring")
             : options.gloo_algorithm());
@@ -143,8 +163,8 @@ void connect(Runtime& rt, const InitOptions& options) {
 }  // namespace
 
 Runtime& runtime(const char* caller) {
-  TORCH_CHECK(g_runtime != nullptr, "ronde::", caller,
-              "() needs ronde::init() first");
+  TORCH_CHECK(
+      g_runtime != nullptr, "ronde::", caller, "() needs ronde::init() first");
   return *g_runtime;
 }
 
@@ -152,7 +172,8 @@ Runtime& runtime(const char* caller) {
 
 void init(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(detail::g_init_mutex);
-  if (detail::g_runtime != nullptr) return;
+  if (detail::g_runtime != nullptr)
+    return;
   auto rt = std::make_unique<detail::Runtime>();
   rt->info = detail::parse_launch_env(detail::process_env());
   rt->timeout = std::chrono::milliseconds(
@@ -164,7 +185,8 @@ void init(const InitOptions& options) {
 
 void shutdown() {
   std::lock_guard<std::mutex> lock(detail::g_init_mutex);
-  if (detail::g_runtime == nullptr) return;
+  if (detail::g_runtime == nullptr)
+    return;
   std::unique_ptr<detail::Runtime> rt(detail::g_runtime);
   // The last barrier keeps rank 0's store and every connection alive until
   // all ranks are done with them. A broken job skips it with a warning.
@@ -177,8 +199,8 @@ void shutdown() {
           .wait();
     } catch (const std::exception& e) {
       std::cerr << "ronde: warning: rank " << rt->info.rank
-                << " could not meet the other ranks at shutdown: " << detail::error_text(e)
-                << std::endl;
+                << " could not meet the other ranks at shutdown: "
+                << detail::error_text(e) << std::endl;
     }
   }
   rt->worker.reset();
@@ -191,13 +213,27 @@ bool is_initialized() {
   return detail::g_runtime != nullptr;
 }
 
-int rank() { return detail::runtime("rank").info.rank; }
-int size() { return detail::runtime("size").info.size; }
-int local_rank() { return detail::runtime("local_rank").info.local_rank; }
-int local_size() { return detail::runtime("local_size").info.local_size; }
-int cross_rank() { return detail::runtime("cross_rank").info.cross_rank; }
-int cross_size() { return detail::runtime("cross_size").info.cross_size; }
-std::string job_id() { return detail::runtime("job_id").info.job_id; }
+int rank() {
+  return detail::runtime("rank").info.rank;
+}
+int size() {
+  return detail::runtime("size").info.size;
+}
+int local_rank() {
+  return detail::runtime("local_rank").info.local_rank;
+}
+int local_size() {
+  return detail::runtime("local_size").info.local_size;
+}
+int cross_rank() {
+  return detail::runtime("cross_rank").info.cross_rank;
+}
+int cross_size() {
+  return detail::runtime("cross_size").info.cross_size;
+}
+std::string job_id() {
+  return detail::runtime("job_id").info.job_id;
+}
 double timeout_seconds() {
   return detail::runtime("timeout_seconds").timeout.count() / 1000.0;
 }

@@ -2,8 +2,8 @@
 // instance per process, created by init() and destroyed by shutdown().
 #pragma once
 
-#include "comm/communicator.h"
 #include "comm/comm_worker.h"
+#include "comm/communicator.h"
 #include "runtime/launch_env.h"
 
 #include <c10/util/intrusive_ptr.h>

@@ -14,7 +14,8 @@ int main() {
   const float want = n * (n + 1) / 2.0f;
   bool ok = at::allclose(sum, at::full({4}, want));
   std::cout << "consumer rank " << ronde::rank() << " of " << n << " (ronde "
-            << RONDE_VERSION_STRING << "): " << (ok ? "OK" : "WRONG") << std::endl;
+            << RONDE_VERSION_STRING << "): " << (ok ? "OK" : "WRONG")
+            << std::endl;
   ronde::shutdown();
   return ok ? 0 : 1;
 }

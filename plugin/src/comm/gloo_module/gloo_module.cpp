@@ -52,8 +52,13 @@ class CallbackStore : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override {
     char err[1024] = {0};
-    if (cb_.set(cb_.self, key.c_str(), data.data(), data.size(), err,
-                sizeof(err)) != 0) {
+    if (cb_.set(
+            cb_.self,
+            key.c_str(),
+            data.data(),
+            data.size(),
+            err,
+            sizeof(err)) != 0) {
       throw StoreError(err);
     }
   }
@@ -74,16 +79,22 @@ class CallbackStore : public gloo::rendezvous::Store {
     wait(keys, timeout_);
   }
 
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
+  void wait(
+      const std::vector<std::string>& keys,
+      const std::chrono::milliseconds& timeout) override {
     std::vector<const char*> ptrs;
     ptrs.reserve(keys.size());
     for (const auto& k : keys) {
       ptrs.push_back(k.c_str());
     }
     char err[1024] = {0};
-    if (cb_.wait(cb_.self, ptrs.data(), ptrs.size(), timeout.count(), err,
-                 sizeof(err)) != 0) {
+    if (cb_.wait(
+            cb_.self,
+            ptrs.data(),
+            ptrs.size(),
+            timeout.count(),
+            err,
+            sizeof(err)) != 0) {
       throw StoreError(err);
     }
   }
@@ -130,7 +141,8 @@ uint16_t float_to_half(float f) {
   uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {
     // Inf stays inf; NaN stays a quiet NaN.
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+    return static_cast<uint16_t>(
+        sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) {
     return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
@@ -178,18 +190,23 @@ uint16_t float_to_bf16(float f) {
 
 struct Sum {
   template <typename T>
-  static T apply(T a, T b) { return a + b; }
+  static T apply(T a, T b) {
+    return a + b;
+  }
 };
 struct Product {
   template <typename T>
-  static T apply(T a, T b) { return a * b; }
+  static T apply(T a, T b) {
+    return a * b;
+  }
 };
 // Min and max propagate NaN, as torch.minimum / torch.maximum do.
 struct Min {
   template <typename T>
   static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      if (std::isnan(a) || std::isnan(b))
+        return std::numeric_limits<T>::quiet_NaN();
     }
     return b < a ? b : a;
   }
@@ -198,7 +215,8 @@ struct Max {
   template <typename T>
   static T apply(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      if (std::isnan(a) || std::isnan(b))
+        return std::numeric_limits<T>::quiet_NaN();
     }
     return a < b ? b : a;
   }
@@ -210,8 +228,9 @@ template <typename Op, typename T>
 T apply_int(T a, T b) {
   if constexpr (std::is_same_v<Op, Sum> || std::is_same_v<Op, Product>) {
     using U = std::make_unsigned_t<T>;
-    U r = std::is_same_v<Op, Sum> ? static_cast<U>(static_cast<U>(a) + static_cast<U>(b))
-                                  : static_cast<U>(static_cast<U>(a) * static_cast<U>(b));
+    U r = std::is_same_v<Op, Sum>
+              ? static_cast<U>(static_cast<U>(a) + static_cast<U>(b))
+              : static_cast<U>(static_cast<U>(a) * static_cast<U>(b));
     return static_cast<T>(r);
   } else {
     return Op::apply(a, b);
@@ -220,14 +239,16 @@ T apply_int(T a, T b) {
 
 // target_clones lets the hot loops use AVX2 where the CPU has it while the
 // module still runs on any x86-64.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 #define RONDE_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RONDE_VECTOR_CLONES
 #endif
 
 template <typename Op, typename T>
-RONDE_VECTOR_CLONES void reduce_plain(void* c, const void* a, const void* b, size_t n) {
+RONDE_VECTOR_CLONES void reduce_plain(
+    void* c, const void* a, const void* b, size_t n) {
   T* out = static_cast<T*>(c);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
@@ -255,36 +276,61 @@ using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 template <typename Op>
 ReduceFn pick_for_op(int dtype) {
   switch (dtype) {
-    case RONDE_GLOO_F32: return &reduce_plain<Op, float>;
-    case RONDE_GLOO_F64: return &reduce_plain<Op, double>;
-    case RONDE_GLOO_F16: return &reduce_16<Op, half_to_float, float_to_half>;
-    case RONDE_GLOO_BF16: return &reduce_16<Op, bf16_to_float, float_to_bf16>;
-    case RONDE_GLOO_I8: return &reduce_plain<Op, int8_t>;
-    case RONDE_GLOO_U8: return &reduce_plain<Op, uint8_t>;
-    case RONDE_GLOO_I16: return &reduce_plain<Op, int16_t>;
-    case RONDE_GLOO_I32: return &reduce_plain<Op, int32_t>;
-    case RONDE_GLOO_I64: return &reduce_plain<Op, int64_t>;
-    default: return nullptr;
+    case RONDE_GLOO_F32:
+      return &reduce_plain<Op, float>;
+    case RONDE_GLOO_F64:
+      return &reduce_plain<Op, double>;
+    case RONDE_GLOO_F16:
+      return &reduce_16<Op, half_to_float, float_to_half>;
+    case RONDE_GLOO_BF16:
+      return &reduce_16<Op, bf16_to_float, float_to_bf16>;
+    case RONDE_GLOO_I8:
+      return &reduce_plain<Op, int8_t>;
+    case RONDE_GLOO_U8:
+      return &reduce_plain<Op, uint8_t>;
+    case RONDE_GLOO_I16:
+      return &reduce_plain<Op, int16_t>;
+    case RONDE_GLOO_I32:
+      return &reduce_plain<Op, int32_t>;
+    case RONDE_GLOO_I64:
+      return &reduce_plain<Op, int64_t>;
+    default:
+      return nullptr;
   }
 }
 
 ReduceFn pick_reduce(int dtype, int op) {
   switch (op) {
-    case RONDE_GLOO_SUM: return pick_for_op<Sum>(dtype);
-    case RONDE_GLOO_MIN: return pick_for_op<Min>(dtype);
-    case RONDE_GLOO_MAX: return pick_for_op<Max>(dtype);
-    case RONDE_GLOO_PRODUCT: return pick_for_op<Product>(dtype);
-    default: return nullptr;
+    case RONDE_GLOO_SUM:
+      return pick_for_op<Sum>(dtype);
+    case RONDE_GLOO_MIN:
+      return pick_for_op<Min>(dtype);
+    case RONDE_GLOO_MAX:
+      return pick_for_op<Max>(dtype);
+    case RONDE_GLOO_PRODUCT:
+      return pick_for_op<Product>(dtype);
+    default:
+      return nullptr;
   }
 }
 
 size_t element_size(int dtype) {
   switch (dtype) {
-    case RONDE_GLOO_F32: case RONDE_GLOO_I32: return 4;
-    case RONDE_GLOO_F64: case RONDE_GLOO_I64: return 8;
-    case RONDE_GLOO_F16: case RONDE_GLOO_BF16: case RONDE_GLOO_I16: return 2;
-    case RONDE_GLOO_I8: case RONDE_GLOO_U8: return 1;
-    default: return 0;
+    case RONDE_GLOO_F32:
+    case RONDE_GLOO_I32:
+      return 4;
+    case RONDE_GLOO_F64:
+    case RONDE_GLOO_I64:
+      return 8;
+    case RONDE_GLOO_F16:
+    case RONDE_GLOO_BF16:
+    case RONDE_GLOO_I16:
+      return 2;
+    case RONDE_GLOO_I8:
+    case RONDE_GLOO_U8:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -325,7 +371,9 @@ struct RondeGlooComm {
   // Gloo matches messages by tag; one call runs at a time per communicator,
   // so a counter keeps consecutive collectives apart.
   uint32_t next_tag = 1;
-  uint32_t tag() { return next_tag++; }
+  uint32_t tag() {
+    return next_tag++;
+  }
 };
 
 RONDE_GLOO_EXPORT int ronde_gloo_abi_version(void) {
@@ -345,11 +393,16 @@ RONDE_GLOO_EXPORT const char* ronde_gloo_library_path(void) {
   return path.c_str();
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_connect(const RondeGlooStore* store, int rank,
-                                         int size, const char* hostname,
-                                         int64_t timeout_ms, int algorithm,
-                                         RondeGlooComm** out, char* err,
-                                         size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_connect(
+    const RondeGlooStore* store,
+    int rank,
+    int size,
+    const char* hostname,
+    int64_t timeout_ms,
+    int algorithm,
+    RondeGlooComm** out,
+    char* err,
+    size_t err_len) {
   if (store == nullptr || out == nullptr || rank < 0 || rank >= size) {
     write_error(err, err_len, "ronde_gloo_connect: invalid arguments");
     return RONDE_GLOO_INVALID;
@@ -375,16 +428,19 @@ RONDE_GLOO_EXPORT int ronde_gloo_connect(const RondeGlooStore* store, int rank,
 }
 
 RONDE_GLOO_EXPORT void ronde_gloo_destroy(RondeGlooComm* comm) {
-  if (comm == nullptr) return;
+  if (comm == nullptr)
+    return;
   // Close every connection first, explicitly: peers blocked on this rank
   // then fail at once instead of at their timeout, even while something
   // else still holds a reference to the context.
   if (comm->context) {
     for (int i = 0; i < comm->context->size; ++i) {
-      if (i == comm->context->rank) continue;
+      if (i == comm->context->rank)
+        continue;
       try {
         auto& pair = comm->context->getPair(i);
-        if (pair) pair->close();
+        if (pair)
+          pair->close();
       } catch (...) {
         // A pair that already failed may refuse; it is closed either way.
       }
@@ -397,9 +453,14 @@ RONDE_GLOO_EXPORT void ronde_gloo_destroy(RondeGlooComm* comm) {
   }
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_allreduce(RondeGlooComm* comm, void* buf,
-                                           size_t count, int dtype, int op,
-                                           char* err, size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_allreduce(
+    RondeGlooComm* comm,
+    void* buf,
+    size_t count,
+    int dtype,
+    int op,
+    char* err,
+    size_t err_len) {
   ReduceFn fn = pick_reduce(dtype, op);
   size_t esize = element_size(dtype);
   if (comm == nullptr || fn == nullptr || esize == 0) {
@@ -413,10 +474,18 @@ RONDE_GLOO_EXPORT int ronde_gloo_allreduce(RondeGlooComm* comm, void* buf,
     gloo::AllreduceOptions opts(comm->context);
     opts.setAlgorithm(comm->algorithm);
     switch (esize) {
-      case 1: opts.setOutput(static_cast<uint8_t*>(buf), count); break;
-      case 2: opts.setOutput(static_cast<uint16_t*>(buf), count); break;
-      case 4: opts.setOutput(static_cast<uint32_t*>(buf), count); break;
-      default: opts.setOutput(static_cast<uint64_t*>(buf), count); break;
+      case 1:
+        opts.setOutput(static_cast<uint8_t*>(buf), count);
+        break;
+      case 2:
+        opts.setOutput(static_cast<uint16_t*>(buf), count);
+        break;
+      case 4:
+        opts.setOutput(static_cast<uint32_t*>(buf), count);
+        break;
+      default:
+        opts.setOutput(static_cast<uint64_t*>(buf), count);
+        break;
     }
     opts.setReduceFunction(fn);
     opts.setTag(comm->tag());
@@ -424,10 +493,14 @@ RONDE_GLOO_EXPORT int ronde_gloo_allreduce(RondeGlooComm* comm, void* buf,
   });
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_allgatherv(RondeGlooComm* comm, const void* in,
-                                            size_t in_bytes, void* out,
-                                            const size_t* counts, char* err,
-                                            size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_allgatherv(
+    RondeGlooComm* comm,
+    const void* in,
+    size_t in_bytes,
+    void* out,
+    const size_t* counts,
+    char* err,
+    size_t err_len) {
   if (comm == nullptr || counts == nullptr) {
     write_error(err, err_len, "allgatherv: invalid arguments");
     return RONDE_GLOO_INVALID;
@@ -435,28 +508,36 @@ RONDE_GLOO_EXPORT int ronde_gloo_allgatherv(RondeGlooComm* comm, const void* in,
   const int size = comm->context->size;
   std::vector<size_t> elements(counts, counts + size);
   size_t total = 0;
-  for (size_t c : elements) total += c;
+  for (size_t c : elements)
+    total += c;
   if (elements[comm->context->rank] != in_bytes) {
-    write_error(err, err_len, "allgatherv: counts[rank] differs from input size");
+    write_error(
+        err, err_len, "allgatherv: counts[rank] differs from input size");
     return RONDE_GLOO_INVALID;
   }
   if (size == 1 || total == 0) {
-    if (in_bytes > 0 && in != out) std::memmove(out, in, in_bytes);
+    if (in_bytes > 0 && in != out)
+      std::memmove(out, in, in_bytes);
     return RONDE_GLOO_OK;
   }
   return guarded("allgather", err, err_len, [&] {
     gloo::AllgathervOptions opts(comm->context);
     // Gloo takes a non-const input pointer but only reads it.
-    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), in_bytes);
+    opts.setInput(
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), in_bytes);
     opts.setOutput(static_cast<uint8_t*>(out), elements);
     opts.setTag(comm->tag());
     gloo::allgatherv(opts);
   });
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_broadcast(RondeGlooComm* comm, void* buf,
-                                           size_t bytes, int root, char* err,
-                                           size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_broadcast(
+    RondeGlooComm* comm,
+    void* buf,
+    size_t bytes,
+    int root,
+    char* err,
+    size_t err_len) {
   if (comm == nullptr || root < 0 || root >= comm->context->size) {
     write_error(err, err_len, "broadcast: invalid root");
     return RONDE_GLOO_INVALID;
@@ -473,10 +554,14 @@ RONDE_GLOO_EXPORT int ronde_gloo_broadcast(RondeGlooComm* comm, void* buf,
   });
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_alltoallv(RondeGlooComm* comm, const void* in,
-                                           const int64_t* send_bytes, void* out,
-                                           const int64_t* recv_bytes, char* err,
-                                           size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_alltoallv(
+    RondeGlooComm* comm,
+    const void* in,
+    const int64_t* send_bytes,
+    void* out,
+    const int64_t* recv_bytes,
+    char* err,
+    size_t err_len) {
   if (comm == nullptr || send_bytes == nullptr || recv_bytes == nullptr) {
     write_error(err, err_len, "alltoallv: invalid arguments");
     return RONDE_GLOO_INVALID;
@@ -490,7 +575,8 @@ RONDE_GLOO_EXPORT int ronde_gloo_alltoallv(RondeGlooComm* comm, const void* in,
     recv_total += recv[r];
   }
   if (size == 1) {
-    if (send_total > 0) std::memmove(out, in, static_cast<size_t>(send_total));
+    if (send_total > 0)
+      std::memmove(out, in, static_cast<size_t>(send_total));
     return RONDE_GLOO_OK;
   }
   // Gloo cannot make an unbound buffer of zero bytes; a one-byte scratch keeps
@@ -507,8 +593,8 @@ RONDE_GLOO_EXPORT int ronde_gloo_alltoallv(RondeGlooComm* comm, const void* in,
   });
 }
 
-RONDE_GLOO_EXPORT int ronde_gloo_barrier(RondeGlooComm* comm, char* err,
-                                         size_t err_len) {
+RONDE_GLOO_EXPORT int ronde_gloo_barrier(
+    RondeGlooComm* comm, char* err, size_t err_len) {
   if (comm == nullptr) {
     write_error(err, err_len, "barrier: invalid arguments");
     return RONDE_GLOO_INVALID;

@@ -55,13 +55,28 @@ enum RondeGlooStatus {
 // writes a message into err (NUL-terminated, at most err_len bytes).
 struct RondeGlooStore {
   void* self;
-  int (*set)(void* self, const char* key, const char* data, size_t len,
-             char* err, size_t err_len);
+  int (*set)(
+      void* self,
+      const char* key,
+      const char* data,
+      size_t len,
+      char* err,
+      size_t err_len);
   // On success *data is malloc()ed by the callback and free()d by the module.
-  int (*get)(void* self, const char* key, char** data, size_t* len, char* err,
-             size_t err_len);
-  int (*wait)(void* self, const char* const* keys, size_t n_keys,
-              int64_t timeout_ms, char* err, size_t err_len);
+  int (*get)(
+      void* self,
+      const char* key,
+      char** data,
+      size_t* len,
+      char* err,
+      size_t err_len);
+  int (*wait)(
+      void* self,
+      const char* const* keys,
+      size_t n_keys,
+      int64_t timeout_ms,
+      char* err,
+      size_t err_len);
 };
 
 typedef struct RondeGlooComm RondeGlooComm;
@@ -72,27 +87,54 @@ int ronde_gloo_abi_version(void);
 // gloo::allreduce), so libronde can check that it is not LibTorch's copy.
 const char* ronde_gloo_library_path(void);
 
-int ronde_gloo_connect(const struct RondeGlooStore* store, int rank, int size,
-                       const char* hostname, int64_t timeout_ms,
-                       int algorithm, RondeGlooComm** out, char* err,
-                       size_t err_len);
+int ronde_gloo_connect(
+    const struct RondeGlooStore* store,
+    int rank,
+    int size,
+    const char* hostname,
+    int64_t timeout_ms,
+    int algorithm,
+    RondeGlooComm** out,
+    char* err,
+    size_t err_len);
 void ronde_gloo_destroy(RondeGlooComm* comm);
 
 // In place: buf holds this rank's input and receives the reduced result.
-int ronde_gloo_allreduce(RondeGlooComm* comm, void* buf, size_t count,
-                         int dtype, int op, char* err, size_t err_len);
+int ronde_gloo_allreduce(
+    RondeGlooComm* comm,
+    void* buf,
+    size_t count,
+    int dtype,
+    int op,
+    char* err,
+    size_t err_len);
 // out receives every rank's input in rank order; counts[r] is rank r's size
 // in bytes (counts[rank] == in_bytes).
-int ronde_gloo_allgatherv(RondeGlooComm* comm, const void* in, size_t in_bytes,
-                          void* out, const size_t* counts, char* err,
-                          size_t err_len);
-int ronde_gloo_broadcast(RondeGlooComm* comm, void* buf, size_t bytes,
-                         int root, char* err, size_t err_len);
+int ronde_gloo_allgatherv(
+    RondeGlooComm* comm,
+    const void* in,
+    size_t in_bytes,
+    void* out,
+    const size_t* counts,
+    char* err,
+    size_t err_len);
+int ronde_gloo_broadcast(
+    RondeGlooComm* comm,
+    void* buf,
+    size_t bytes,
+    int root,
+    char* err,
+    size_t err_len);
 // send_bytes[r] bytes go to rank r, recv_bytes[r] bytes come from rank r;
 // both buffers are laid out in rank order.
-int ronde_gloo_alltoallv(RondeGlooComm* comm, const void* in,
-                         const int64_t* send_bytes, void* out,
-                         const int64_t* recv_bytes, char* err, size_t err_len);
+int ronde_gloo_alltoallv(
+    RondeGlooComm* comm,
+    const void* in,
+    const int64_t* send_bytes,
+    void* out,
+    const int64_t* recv_bytes,
+    char* err,
+    size_t err_len);
 int ronde_gloo_barrier(RondeGlooComm* comm, char* err, size_t err_len);
 
 #ifdef __cplusplus
