@@ -31,6 +31,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--np", type=int, default=2)
+    p.add_argument("--compression", default="fp16,bf16",
+                   help="wire formats also measured on the mlp workload "
+                        "(empty: none)")
     p.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
                    help="tuned: glibc keeps large blocks and backs them with "
                         "huge pages (see benchmarks/README.md); default: as is")
@@ -73,11 +76,17 @@ def main():
                 if pr.wait() != 0:
                     raise SystemExit("local2 run failed")
             local2_step = max(load(x)["step_s"] for x in paths)
-            runs = {"ronde": [], "ddp": []}
+            wires = [c for c in a.compression.split(",") if c] if wl == "mlp" else []
+            impls = ["ronde", "ddp"] + [f"ronde_{c}" for c in wires]
+            runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
-                for impl in ("ronde", "ddp"):
+                for impl in impls:
                     print(f"[{wl}] round {r + 1}/{a.rounds}: {impl}", file=sys.stderr)
-                    prog = [bench, "--mode", "ronde"] if impl == "ronde" else ddp
+                    if impl == "ddp":
+                        prog = ddp
+                    else:
+                        wire = impl.split("_")[1] if "_" in impl else "none"
+                        prog = [bench, "--mode", "ronde", "--compression", wire]
                     runs[impl].append(run([ronderun, "-np", str(a.np), "--"] + prog + common,
                                           f"{wl}-{impl}-{r}"))
             batch = local["batch_per_rank"]
@@ -88,6 +97,16 @@ def main():
                 row[f"{impl}_step_s"] = statistics.median(steps)
                 row[f"{impl}_steps_s"] = steps
             row["ronde_wait_s"] = statistics.median(x["wait_s"] for x in runs["ronde"])
+            row["compression"] = {}
+            for c in wires:
+                steps_c = [x["step_s"] for x in runs[f"ronde_{c}"]]
+                row["compression"][c] = {
+                    "step_s": statistics.median(steps_c),
+                    "steps_s": steps_c,
+                    "wire_bytes": runs[f"ronde_{c}"][0]["wire_bytes"],
+                    "baseline_wire_bytes": runs["ronde"][0]["wire_bytes"],
+                    "step_over_uncompressed": [c_ / u for c_, u in zip(steps_c, [x["step_s"] for x in runs["ronde"]])],
+                }
             ratios = [r_["step_s"] / d["step_s"] for r_, d in zip(runs["ronde"], runs["ddp"])]
             row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
             row["ronde_over_ddp_per_round"] = ratios
@@ -117,6 +136,14 @@ def main():
         print(f"{row['workload']:>8} ronde/ddp step time {row['ronde_over_ddp']:.3f} "
               f"(per round {min(rr):.3f}..{max(rr):.3f}); ronde waits "
               f"{row['ronde_wait_s'] * 1e3:.1f} ms per step on communication")
+        for c, info in row["compression"].items():
+            ratios = info["step_over_uncompressed"]
+            print(f"{row['workload']:>8} ronde {c} on the wire: "
+                  f"{info['wire_bytes'] / 2**20:.0f} MiB per step instead of "
+                  f"{info['baseline_wire_bytes'] / 2**20:.0f}; step "
+                  f"{info['step_s'] * 1e3:.1f} ms, "
+                  f"{info['step_s'] / row['ronde_step_s']:.3f}x uncompressed "
+                  f"(per round {min(ratios):.3f}..{max(ratios):.3f})")
     out = a.out or os.path.join(ROOT, "benchmarks", "results",
                                 f"train-{datetime.date.today().isoformat()}.json")
     with open(out, "w") as f:

@@ -96,7 +96,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string workload = "mlp", mode = "local", json_path;
+  std::string workload = "mlp", mode = "local", json_path, compression = "none";
   int steps = 10, warmup = 3;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -113,15 +113,26 @@ int main(int argc, char** argv) {
       warmup = std::stoi(next());
     else if (a == "--json")
       json_path = next();
+    else if (a == "--compression")
+      compression = next();
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
-                   "[--steps N] [--warmup N] [--json FILE]\n";
+                   "[--steps N] [--warmup N] [--compression none|fp16|bf16] "
+                   "[--json FILE]\n";
       return 2;
     }
   }
   TORCH_CHECK(
       workload == "mlp" || workload == "cnn", "unknown workload ", workload);
   TORCH_CHECK(mode == "local" || mode == "ronde", "unknown mode ", mode);
+  TORCH_CHECK(
+      compression == "none" || compression == "fp16" || compression == "bf16",
+      "unknown compression ",
+      compression);
+  const ronde::Compression wire =
+      compression == "fp16"   ? ronde::Compression::FP16
+      : compression == "bf16" ? ronde::Compression::BF16
+                              : ronde::Compression::None;
   at::set_num_threads(1);
   torch::manual_seed(0);
   const bool distributed = mode == "ronde";
@@ -155,7 +166,9 @@ int main(int argc, char** argv) {
   if (distributed) {
     ronde::broadcast_parameters(model->named_parameters(), 0);
     dopt = std::make_unique<ronde::DistributedOptimizer>(
-        base, model->named_parameters());
+        base,
+        model->named_parameters(),
+        ronde::DistributedOptimizerOptions().compression(wire));
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
@@ -190,12 +203,19 @@ int main(int argc, char** argv) {
     wait = t[1].item<double>();
   }
   const int world = distributed ? ronde::size() : 1;
+  // Gradient bytes each rank puts into its all-reduces per step.
+  int64_t wire_bytes = 0;
+  for (const auto& p : model->parameters()) {
+    wire_bytes +=
+        p.numel() * (wire == ronde::Compression::None ? p.element_size() : 2);
+  }
   if (rank == 0) {
     std::printf(
-        "%s %s: %d rank(s), median step %.1f ms, %.1f samples/s, "
-        "comm wait %.1f ms\n",
+        "%s %s (compression %s): %d rank(s), median step %.1f ms, "
+        "%.1f samples/s, comm wait %.1f ms\n",
         workload.c_str(),
         mode.c_str(),
+        compression.c_str(),
         world,
         step * 1e3,
         world * batch / step,
@@ -203,10 +223,12 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       std::ofstream(json_path)
           << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
-          << "\",\"ranks\":" << world << ",\"batch_per_rank\":" << batch
-          << ",\"step_s\":" << step << ",\"wait_s\":" << wait
+          << "\",\"compression\":\"" << compression << "\",\"ranks\":" << world
+          << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
+          << ",\"wait_s\":" << wait
           << ",\"samples_per_s\":" << world * batch / step
-          << ",\"steps\":" << steps << "}\n";
+          << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
+          << "}\n";
     }
   }
   if (distributed)

@@ -15,6 +15,9 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <dlfcn.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -271,6 +274,37 @@ void reduce_16(void* c, const void* a, const void* b, size_t n) {
   }
 }
 
+#if defined(__x86_64__)
+// Half-precision sums (the gradient path with FP16 compression) through the
+// F16C conversions, 8 lanes at a time: the same float add and
+// round-to-nearest-even as the scalar loop, several times faster.
+__attribute__((target("avx,f16c"))) void sum_half_f16c(
+    void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<uint16_t*>(c);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 fx = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __m256 fy = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(out + i),
+        _mm256_cvtps_ph(_mm256_add_ps(fx, fy), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) {
+    out[i] = float_to_half(half_to_float(x[i]) + half_to_float(y[i]));
+  }
+}
+
+bool has_f16c() {
+  static const bool yes =
+      __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#endif
+
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 template <typename Op>
@@ -281,6 +315,12 @@ ReduceFn pick_for_op(int dtype) {
     case RONDE_GLOO_F64:
       return &reduce_plain<Op, double>;
     case RONDE_GLOO_F16:
+#if defined(__x86_64__)
+      if constexpr (std::is_same_v<Op, Sum>) {
+        if (has_f16c())
+          return &sum_half_f16c;
+      }
+#endif
       return &reduce_16<Op, half_to_float, float_to_half>;
     case RONDE_GLOO_BF16:
       return &reduce_16<Op, bf16_to_float, float_to_bf16>;
