@@ -22,10 +22,7 @@ JobSpec spec(
     const std::string& scenario,
     int np,
     const std::string& program = worker_path()) {
-  JobSpec s;
-  s.argv = {program, scenario};
-  s.np = np;
-  return s;
+  return ronde::testing::worker_spec({scenario}, np, program);
 }
 
 bool contains(const std::string& s, const std::string& needle) {

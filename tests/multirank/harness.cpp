@@ -97,6 +97,15 @@ std::string worker_path() {
 #endif
 }
 
+JobSpec worker_spec(
+    std::vector<std::string> args, int np, const std::string& program) {
+  JobSpec s;
+  s.argv = {program};
+  s.argv.insert(s.argv.end(), args.begin(), args.end());
+  s.np = np;
+  return s;
+}
+
 RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
   if (spec_.job_id.empty())
     spec_.job_id = unique_job_id();

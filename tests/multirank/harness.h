@@ -74,4 +74,10 @@ std::string make_temp_dir();
 // Path of the worker program, from the RONDE_TEST_WORKER definition.
 std::string worker_path();
 
+// A job of np ranks running `program` (default: the worker) with `args`.
+JobSpec worker_spec(
+    std::vector<std::string> args,
+    int np,
+    const std::string& program = worker_path());
+
 }  // namespace ronde::testing

@@ -17,10 +17,8 @@ namespace {
 
 JobResult run_optim(
     int np, const std::string& optimizer, const std::string& variant) {
-  JobSpec s;
-  s.argv = {worker_path(), "optim", optimizer, variant};
-  s.np = np;
-  return run_job(s);
+  return run_job(
+      ronde::testing::worker_spec({"optim", optimizer, variant}, np));
 }
 
 using Case = std::tuple<int, std::string, std::string>;
@@ -72,18 +70,12 @@ INSTANTIATE_TEST_SUITE_P(
     case_name);
 
 TEST(DistributedOptimizer, ErrorsReachEveryRank) {
-  JobSpec s;
-  s.argv = {worker_path(), "optim_errors"};
-  s.np = 2;
-  JobResult r = run_job(s);
+  JobResult r = run_job(ronde::testing::worker_spec({"optim_errors"}, 2));
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
 TEST(DistributedOptimizer, BucketsLaunchDuringBackwardAndHooksAreReleased) {
-  JobSpec s;
-  s.argv = {worker_path(), "optim_overlap"};
-  s.np = 2;
-  JobResult r = run_job(s);
+  JobResult r = run_job(ronde::testing::worker_spec({"optim_overlap"}, 2));
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
@@ -94,10 +86,7 @@ class TrainingAids
 // without compounding, sampler shards.
 TEST_P(TrainingAids, HoldOnEveryRank) {
   auto [scenario, np] = GetParam();
-  JobSpec s;
-  s.argv = {worker_path(), scenario};
-  s.np = np;
-  JobResult r = run_job(s);
+  JobResult r = run_job(ronde::testing::worker_spec({scenario}, np));
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 

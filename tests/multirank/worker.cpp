@@ -414,9 +414,6 @@ int scenario_kill_peer() {
     return 1;
   } catch (const ronde::CommError& e) {
     std::cout << "COMM_ERROR: " << e.what() << std::endl;
-    if (const char* linger = std::getenv("RONDE_TEST_LINGER")) {
-      std::this_thread::sleep_for(std::chrono::seconds(std::atoi(linger)));
-    }
     std::cout << "SUSPECTS:";
     for (int s : e.suspect_ranks())
       std::cout << " " << s;

@@ -395,6 +395,14 @@ Call make_call(
   return Call{kind, name, verify, describe(kind, t, name, op, root, error)};
 }
 
+// The buffer a collective works in: in place, the caller's own storage when
+// it is contiguous; otherwise a contiguous copy (copied back afterwards when
+// in place).
+at::Tensor working_copy(const at::Tensor& tensor, bool in_place) {
+  return in_place && tensor.is_contiguous() ? tensor
+                                            : tensor.contiguous().clone();
+}
+
 Handle allreduce_impl(
     const at::Tensor& tensor, const AllreduceOptions& o, bool in_place) {
   std::string error = check_reduction(
@@ -407,12 +415,8 @@ Handle allreduce_impl(
       static_cast<int>(o.op()),
       -1,
       error);
-  at::Tensor work;
-  if (error.empty()) {
-    // In place reduces the caller's storage directly when it is contiguous.
-    work = in_place && tensor.is_contiguous() ? tensor
-                                              : tensor.contiguous().clone();
-  }
+  at::Tensor work =
+      error.empty() ? working_copy(tensor, in_place) : at::Tensor();
   return submit(
       std::move(call),
       [=](Communicator& comm,
@@ -440,11 +444,8 @@ Handle broadcast_impl(
   }
   Call call = make_call(
       OpKind::Broadcast, tensor, o.name(), o.verify(), -1, root, error);
-  at::Tensor work;
-  if (error.empty()) {
-    work = in_place && tensor.is_contiguous() ? tensor
-                                              : tensor.contiguous().clone();
-  }
+  at::Tensor work =
+      error.empty() ? working_copy(tensor, in_place) : at::Tensor();
   return submit(
       std::move(call),
       [=](Communicator& comm,
@@ -662,7 +663,9 @@ Handle reducescatter_async(
       static_cast<int>(o.op()),
       -1,
       error);
-  at::Tensor work = error.empty() ? tensor.contiguous().clone() : at::Tensor();
+  at::Tensor work = error.empty()
+                        ? detail::working_copy(tensor, /*in_place=*/false)
+                        : at::Tensor();
   return detail::submit(
       std::move(call),
       [work, o](

@@ -4,6 +4,7 @@
 // LibTorch's wheel exports. This file loads the module, checks where its Gloo
 // came from, and adapts tensors and the c10d store to its C interface.
 #include "comm/communicator.h"
+#include "comm/gloo_module/error_buffer.h"
 #include "comm/gloo_module/gloo_module_api.h"
 #include "runtime/error_text.h"
 
@@ -190,14 +191,6 @@ struct StoreBridge {
   std::string prefix;
 };
 
-void write_err(char* err, size_t len, const std::string& msg) {
-  if (len == 0)
-    return;
-  size_t n = std::min(len - 1, msg.size());
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
-
 int store_set(
     void* self,
     const char* key,
@@ -210,7 +203,7 @@ int store_set(
     b->store->set(b->prefix + key, std::vector<uint8_t>(data, data + len));
     return 0;
   } catch (const std::exception& e) {
-    write_err(err, err_len, std::string("store set: ") + error_text(e));
+    write_error(err, err_len, std::string("store set: ") + error_text(e));
     return 1;
   }
 }
@@ -232,7 +225,7 @@ int store_get(
     *len = v.size();
     return 0;
   } catch (const std::exception& e) {
-    write_err(err, err_len, std::string("store get: ") + error_text(e));
+    write_error(err, err_len, std::string("store get: ") + error_text(e));
     return 1;
   }
 }
@@ -253,7 +246,7 @@ int store_wait(
     b->store->wait(ks, std::chrono::milliseconds(timeout_ms));
     return 0;
   } catch (const std::exception& e) {
-    write_err(err, err_len, std::string("store wait: ") + error_text(e));
+    write_error(err, err_len, std::string("store wait: ") + error_text(e));
     return 1;
   }
 }

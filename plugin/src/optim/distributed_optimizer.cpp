@@ -74,6 +74,13 @@ std::vector<torch::optim::OptimizerParamGroup> forwarding_groups(
   return groups;
 }
 
+// Tensors that may share one flat buffer: same dtype, same device.
+std::string dtype_device_key(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.scalar_type() << "@" << t.device();
+  return os.str();
+}
+
 std::string describe_tensor(const std::string& name, const at::Tensor& t) {
   std::ostringstream os;
   os << "'" << name << "' " << t.scalar_type() << t.sizes() << " on "
@@ -242,9 +249,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       slot.index = i;
       slots_.push_back(std::move(slot));
       bytes.push_back(params[i].numel() * params[i].element_size());
-      std::ostringstream key;
-      key << params[i].scalar_type() << "@" << params[i].device();
-      keys.push_back(key.str());
+      keys.push_back(dtype_device_key(params[i]));
     }
     auto assignment = assign_buckets(
         bytes,
@@ -704,11 +709,10 @@ void broadcast_parameters(
   std::vector<std::string> order;
   std::map<std::string, std::vector<at::Tensor>> groups;
   for (const auto& item : named_tensors) {
-    std::ostringstream key;
-    key << item.value().scalar_type() << "@" << item.value().device();
-    if (!groups.count(key.str()))
-      order.push_back(key.str());
-    groups[key.str()].push_back(item.value());
+    const std::string key = detail::dtype_device_key(item.value());
+    if (!groups.count(key))
+      order.push_back(key);
+    groups[key].push_back(item.value());
   }
   for (const auto& key : order) {
     auto& tensors = groups[key];

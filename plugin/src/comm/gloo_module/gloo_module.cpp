@@ -2,6 +2,7 @@
 // buffers. The module links the system Gloo and not LibTorch, and libronde
 // opens it with RTLD_DEEPBIND so its Gloo references never bind to the copy
 // of Gloo that LibTorch's wheel exports.
+#include "error_buffer.h"
 #include "gloo_module_api.h"
 
 #include <gloo/allgatherv.h>
@@ -32,14 +33,7 @@
 
 namespace {
 
-void write_error(char* err, size_t err_len, const std::string& msg) {
-  if (err == nullptr || err_len == 0) {
-    return;
-  }
-  size_t n = std::min(msg.size(), err_len - 1);
-  std::memcpy(err, msg.data(), n);
-  err[n] = '\0';
-}
+using ronde::detail::write_error;
 
 // Raised when a store callback fails; carries libronde's message through
 // Gloo's rendezvous code.
