@@ -15,7 +15,7 @@ VENV=${RONDE_VENV:-$ROOT/.venv}
 JOBS=${RONDE_JOBS:-2}
 TORCH_VERSION=2.13.0
 
-APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
+APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev zlib1g-dev
   dataset-fashion-mnist)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
@@ -72,7 +72,7 @@ build() {
 }
 
 run_example() {
-  "$BUILD/bin/ronderun" -np 2 -- "$BUILD/bin/collectives_tour" "$@"
+  "$BUILD/bin/ronderun" -np 2 -- "$BUILD/bin/fashion_mnist" "$@"
 }
 
 run_tests() {

@@ -5,6 +5,7 @@
 #include <ronde/collectives.h>
 #include <ronde/data.h>
 #include <ronde/errors.h>
+#include <ronde/metrics.h>
 #include <ronde/optimizer.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
