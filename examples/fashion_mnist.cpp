@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <optional>
 
 int main(int argc, char** argv) {
   return examples::run_example("fashion_mnist", [&] {
@@ -63,6 +64,13 @@ int main(int argc, char** argv) {
         "threads",
         0,
         "intra-op threads per rank (0: the cores divided by the local ranks)");
+    const auto checkpoint_dir = flags.str(
+        "checkpoint-dir",
+        "",
+        "checkpoint there every --checkpoint-every steps, and resume from the "
+        "newest checkpoint at start-up");
+    const auto checkpoint_every =
+        flags.integer("checkpoint-every", 200, "steps between checkpoints");
     if (!flags.finish()) {
       return 0;
     }
@@ -132,10 +140,33 @@ int main(int argc, char** argv) {
                 << " warmup steps" << std::endl;
     }
 
+    // With --checkpoint-dir: everything a step depends on is saved, and a
+    // restarted job goes on from the newest checkpoint, mid-epoch included.
+    int64_t step = 0, epoch = 0;
+    std::optional<ronde::Checkpointer> checkpoints;
+    bool resumed = false;
+    if (!checkpoint_dir.empty()) {
+      checkpoints.emplace(checkpoint_dir, checkpoint_every, /*keep_last=*/2);
+      checkpoints->add("model", *model)
+          .add("optimizer", optimizer)
+          .add("schedule", schedule)
+          .add("sampler", sampler)
+          .add("step", step)
+          .add("epoch", epoch);
+      resumed = checkpoints->restore().has_value();
+      if (resumed && monitor.printing()) {
+        std::cout << "fashion_mnist: resumed from " << checkpoint_dir
+                  << " at step " << step << std::endl;
+      }
+    }
+
     examples::Evaluation eval;
-    for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-      sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
-      monitor.start_epoch();
+    for (; epoch < epochs; ++epoch) {
+      if (!resumed) {
+        sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
+      }
+      monitor.start_epoch(epoch, step - epoch * steps_per_epoch);
+      resumed = false;
       while (auto indices = sampler.next(batch)) {
         auto idx = torch::tensor(
             std::vector<int64_t>(indices->begin(), indices->end()));
@@ -150,6 +181,11 @@ int main(int argc, char** argv) {
             loss.item<double>(),
             idx.size(0),
             optimizer.last_step_profile().wait_seconds);
+        if (checkpoints) {
+          checkpoints->maybe_save(++step);
+        } else {
+          ++step;
+        }
       }
       eval = examples::evaluate(model, test);
       monitor.end_epoch({{"val_loss", eval.loss}, {"val_acc", eval.accuracy}});

@@ -482,7 +482,8 @@ int scenario_init_error() {
 
 }  // namespace
 
-int run_optim_scenario(int argc, char** argv);  // worker_optim.cpp
+int run_optim_scenario(int argc, char** argv);       // worker_optim.cpp
+int run_checkpoint_scenario(int argc, char** argv);  // worker_checkpoint.cpp
 
 int main(int argc, char** argv) {
   at::set_num_threads(1);
@@ -501,6 +502,8 @@ int main(int argc, char** argv) {
     if (name == "init_error")
       return scenario_init_error();
     if (int rc = run_optim_scenario(argc, argv); rc >= 0)
+      return rc;
+    if (int rc = run_checkpoint_scenario(argc, argv); rc >= 0)
       return rc;
   } catch (const std::exception& e) {
     std::cout << "UNCAUGHT: " << e.what() << std::endl;

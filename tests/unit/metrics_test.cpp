@@ -177,3 +177,22 @@ TEST(TrainingMonitor, MisuseIsAClearError) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(TrainingMonitor, AResumedEpochCountsFromWhereItStopped) {
+  std::ostringstream out;
+  ronde::TrainingMonitor m(
+      ronde::MonitorOptions().log_every(1).epochs(2).steps_per_epoch(4), out);
+  m.start_epoch(/*epoch=*/1, /*steps_done=*/2);
+  m.step(1, 1);
+  EXPECT_EQ(m.last_progress().epoch, 2);
+  EXPECT_EQ(m.last_progress().step, 3);
+  EXPECT_EQ(m.last_progress().global_step, 7);
+  EXPECT_NEAR(
+      m.last_progress().eta_seconds, m.last_progress().step_seconds, 1e-12);
+  EXPECT_NE(out.str().find("epoch 2/2 step 3/4"), std::string::npos)
+      << out.str();
+}
+
+}  // namespace

@@ -81,7 +81,9 @@ class TrainingMonitor {
   TrainingMonitor(MonitorOptions options, std::ostream& out);
   ~TrainingMonitor();
 
-  void start_epoch();
+  // Starts epoch `epoch` (0-based; -1: the one after the last) with
+  // `steps_done` of its steps already done (a run resumed mid-epoch).
+  void start_epoch(int64_t epoch = -1, int64_t steps_done = 0);
   // After each optimizer step: this rank's loss, the samples this rank
   // trained on, and the seconds step() waited on communication
   // (DistributedOptimizer::last_step_profile().wait_seconds).

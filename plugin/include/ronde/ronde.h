@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ronde/amp.h>
+#include <ronde/checkpoint.h>
 #include <ronde/collectives.h>
 #include <ronde/data.h>
 #include <ronde/errors.h>
@@ -9,4 +10,5 @@
 #include <ronde/optimizer.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
+#include <ronde/timeline.h>
 #include <ronde/version.h>

@@ -5,6 +5,7 @@
 // instead of hanging; then it runs the collective on the backend.
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
+#include <ronde/timeline.h>
 
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
@@ -353,16 +354,41 @@ Handle submit(Call call, Body body) {
         ": ",
         call.desc.error);
   }
+  const int64_t submitted_us = timeline_enabled() ? timeline_now_us() : -1;
+  const OpKind what_kind = call.kind;
+  const std::string what_name = call.name;
   return rt.worker->submit(
-      [call = std::move(call), body = std::move(body)](
+      [call = std::move(call), body = std::move(body), submitted_us](
           Communicator& comm, HandleState& state) {
+        const int64_t start_us = submitted_us >= 0 ? timeline_now_us() : -1;
         std::vector<Descriptor> all;
         if (call.verify) {
           guarded(comm, call, [&] { all = exchange(comm, call.desc); });
         }
         body(comm, state, all, call);
+        if (start_us >= 0) {
+          int64_t bytes = 0;
+          if (call.desc.dtype >= 0 && call.desc.ndim >= 0) {
+            bytes = static_cast<int64_t>(c10::elementSize(
+                static_cast<c10::ScalarType>(call.desc.dtype)));
+            for (int d = 0; d < call.desc.ndim && d < kMaxDims; ++d) {
+              bytes *= call.desc.dims[d];
+            }
+          }
+          timeline_span(
+              std::string(to_string(call.kind)) + " " + call.name,
+              "collective",
+              start_us,
+              timeline_now_us(),
+              "\"bytes\":" + std::to_string(bytes) +
+                  ",\"queued_us\":" + std::to_string(start_us - submitted_us) +
+                  ",\"verified\":" + (call.verify ? "true" : "false"));
+        }
       },
-      blocking);
+      blocking,
+      what_name.empty()
+          ? std::string(to_string(what_kind))
+          : std::string(to_string(what_kind)) + " '" + what_name + "'");
 }
 
 // Reduction shared by allreduce and reducescatter: scale, reduce, average.

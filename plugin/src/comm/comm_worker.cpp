@@ -4,6 +4,7 @@
 #include "comm/communicator.h"
 
 #include <ronde/errors.h>
+#include <ronde/timeline.h>
 
 #include <c10/util/Exception.h>
 
@@ -72,19 +73,19 @@ CommWorker::~CommWorker() {
     thread_.join();
 }
 
-Handle CommWorker::submit(Job job, bool run_inline) {
+Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
   auto state = std::make_shared<HandleState>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
     if (!run_inline || busy_ || !queue_.empty()) {
-      queue_.emplace_back(std::move(job), state);
+      queue_.push_back(Item{std::move(job), state, std::move(what)});
       cv_.notify_one();
       return Handle(state);
     }
     busy_ = true;
   }
-  execute(job, *state);
+  execute(job, *state, what);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
@@ -93,11 +94,31 @@ Handle CommWorker::submit(Job job, bool run_inline) {
   return Handle(state);
 }
 
-void CommWorker::execute(const Job& job, HandleState& state) {
+CommWorker::Progress CommWorker::progress() const {
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  return progress_;
+}
+
+void CommWorker::execute(
+    const Job& job, HandleState& state, const std::string& what) {
   if (broken_) {
     state.finish(broken_);
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    progress_.started += 1;
+    progress_.running = true;
+    progress_.what = what;
+    progress_.since = std::chrono::steady_clock::now();
+  }
+  struct Done {
+    CommWorker* w;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(w->progress_mutex_);
+      w->progress_.running = false;
+    }
+  } done{this};
   try {
     job(comm_, state);
     state.finish(nullptr);
@@ -119,8 +140,9 @@ void CommWorker::execute(const Job& job, HandleState& state) {
 }
 
 void CommWorker::loop() {
+  detail::timeline_thread_name("communication");
   for (;;) {
-    std::pair<Job, std::shared_ptr<HandleState>> item;
+    Item item;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] {
@@ -132,7 +154,7 @@ void CommWorker::loop() {
       queue_.pop_front();
       busy_ = true;
     }
-    execute(item.first, *item.second);
+    execute(item.job, *item.state, item.what);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       busy_ = false;

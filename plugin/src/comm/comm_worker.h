@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -44,17 +45,32 @@ class CommWorker {
   // or running runs on the caller's thread instead: a blocking collective
   // then costs no thread hand-off (two wake-ups, which dominate small
   // messages), and the order of execution is still the order of submission.
-  Handle submit(Job job, bool run_inline = false);
+  // `what` describes the job for the stall inspector ("allreduce 'x'").
+  Handle submit(Job job, bool run_inline = false, std::string what = "");
+
+  // What the worker has done, for the stall inspector.
+  struct Progress {
+    int64_t started = 0;  // jobs started so far, this one included
+    bool running = false;
+    std::string what;  // the running (else the last) job
+    std::chrono::steady_clock::time_point since;  // when it started
+  };
+  Progress progress() const;
 
  private:
   void loop();
-  void execute(const Job& job, HandleState& state);
+  void execute(const Job& job, HandleState& state, const std::string& what);
 
   Communicator& comm_;  // owned by the Runtime, outlives the worker
   std::mutex mutex_;
   std::condition_variable cv_;
   // Guarded by mutex_:
-  std::deque<std::pair<Job, std::shared_ptr<HandleState>>> queue_;
+  struct Item {
+    Job job;
+    std::shared_ptr<HandleState> state;
+    std::string what;
+  };
+  std::deque<Item> queue_;
   bool stopping_ = false;
   // A job is executing (on the worker or inline on a caller): at most one
   // at a time, so the communicator needs no lock of its own.
@@ -62,6 +78,8 @@ class CommWorker {
   // Touched only by whoever holds busy_: after a peer failure every later
   // collective fails at once with the first error.
   std::exception_ptr broken_;
+  mutable std::mutex progress_mutex_;
+  Progress progress_;  // guarded by progress_mutex_
   std::thread thread_;
 };
 

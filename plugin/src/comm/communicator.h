@@ -55,6 +55,9 @@ class Communicator {
   // Closes every connection so that peers blocked on this rank fail now
   // rather than at their timeout. The communicator is unusable afterwards.
   virtual void abort() = 0;
+  // Closes every connection from any thread, freeing nothing: collectives
+  // of peers blocked on this rank fail at once. Then abort() as above.
+  virtual void interrupt() {}
 };
 
 // A job of one rank: every collective is a local copy, no network.

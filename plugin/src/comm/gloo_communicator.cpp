@@ -38,6 +38,7 @@ struct GlooModule {
       char*,
       size_t);
   void (*destroy)(RondeGlooComm*);
+  void (*interrupt)(RondeGlooComm*);
   int (*allreduce)(RondeGlooComm*, void*, size_t, int, int, char*, size_t);
   int (*allgatherv)(
       RondeGlooComm*, const void*, size_t, void*, const size_t*, char*, size_t);
@@ -156,6 +157,7 @@ const GlooModule& load_module() {
     bind_symbol(handle, path, "ronde_gloo_library_path", module.library_path);
     bind_symbol(handle, path, "ronde_gloo_connect", module.connect);
     bind_symbol(handle, path, "ronde_gloo_destroy", module.destroy);
+    bind_symbol(handle, path, "ronde_gloo_interrupt", module.interrupt);
     bind_symbol(handle, path, "ronde_gloo_allreduce", module.allreduce);
     bind_symbol(handle, path, "ronde_gloo_allgatherv", module.allgatherv);
     bind_symbol(handle, path, "ronde_gloo_broadcast", module.broadcast);
@@ -410,9 +412,17 @@ class GlooCommunicator final : public Communicator {
   }
 
   void abort() override {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
     if (comm_ != nullptr) {
       module_.destroy(comm_);
       comm_ = nullptr;
+    }
+  }
+
+  void interrupt() override {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (comm_ != nullptr) {
+      module_.interrupt(comm_);
     }
   }
 
@@ -443,6 +453,8 @@ class GlooCommunicator final : public Communicator {
   int rank_;
   int size_;
   RondeGlooComm* comm_ = nullptr;
+  // abort() (communication thread) against interrupt() (stall inspector).
+  std::mutex abort_mutex_;
   char err_[2048] = {0};
 };
 

@@ -138,9 +138,21 @@ std::string TrainingMonitor::format_duration(double seconds) {
   return buf;
 }
 
-void TrainingMonitor::start_epoch() {
-  ++epoch_;
-  step_in_epoch_ = 0;
+void TrainingMonitor::start_epoch(int64_t epoch, int64_t steps_done) {
+  TORCH_CHECK(
+      epoch >= -1 && steps_done >= 0,
+      "TrainingMonitor: rank ",
+      rank_,
+      ": bad start_epoch(",
+      epoch,
+      ", ",
+      steps_done,
+      ")");
+  epoch_ = epoch >= 0 ? epoch + 1 : epoch_ + 1;
+  step_in_epoch_ = steps_done;
+  if (epoch >= 0 || steps_done > 0) {
+    global_step_ = (epoch_ - 1) * options_.steps_per_epoch() + steps_done;
+  }
   window_ = Window();
   epoch_window_ = Window();
   last_progress_ = StepStats();

@@ -4,6 +4,7 @@
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
 #include <ronde/runtime.h>
+#include <ronde/timeline.h>
 
 #include "runtime/error_text.h"
 #include "runtime/runtime_state.h"
@@ -180,7 +181,14 @@ void init(const InitOptions& options) {
       static_cast<int64_t>(detail::resolve_timeout(options) * 1000.0));
   detail::connect(*rt, options);
   rt->worker = std::make_unique<detail::CommWorker>(*rt->comm);
+  if (rt->info.size > 1) {
+    rt->inspector = std::make_unique<detail::StallInspector>(
+        *rt, detail::stall_options_from_env());
+  }
   detail::g_runtime = rt.release();
+  if (const char* path = std::getenv("RONDE_TIMELINE"); path && *path) {
+    start_timeline(path);
+  }
 }
 
 void shutdown() {
@@ -193,9 +201,12 @@ void shutdown() {
   if (rt->info.size > 1) {
     try {
       rt->worker
-          ->submit([](detail::Communicator& c, detail::HandleState&) {
-            c.barrier();
-          })
+          ->submit(
+              [](detail::Communicator& c, detail::HandleState&) {
+                c.barrier();
+              },
+              /*run_inline=*/false,
+              "barrier at shutdown")
           .wait();
     } catch (const std::exception& e) {
       std::cerr << "ronde: warning: rank " << rt->info.rank
@@ -203,10 +214,12 @@ void shutdown() {
                 << detail::error_text(e) << std::endl;
     }
   }
+  rt->inspector.reset();
   rt->worker.reset();
   rt->comm.reset();
   rt->store.reset();
   detail::g_runtime = nullptr;
+  stop_timeline();
 }
 
 bool is_initialized() {

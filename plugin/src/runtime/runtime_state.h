@@ -5,6 +5,7 @@
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 #include "runtime/launch_env.h"
+#include "runtime/stall_inspector.h"
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -25,6 +26,8 @@ struct Runtime {
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<CommWorker> worker;
+  // Watches for collectives that a rank never submits; null for one rank.
+  std::unique_ptr<StallInspector> inspector;
 
   // Keys of this job in the store.
   std::string key(const std::string& suffix) const {

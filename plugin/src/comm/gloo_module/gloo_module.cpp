@@ -461,25 +461,41 @@ RONDE_GLOO_EXPORT int ronde_gloo_connect(
   return rc;
 }
 
+namespace {
+
+// Closes every connection: peers blocked on this rank fail at once instead
+// of at their timeout. (A collective blocked here is woken only when a peer
+// closes its side.)
+void close_pairs(RondeGlooComm* comm) {
+  if (comm == nullptr || !comm->context)
+    return;
+  for (int i = 0; i < comm->context->size; ++i) {
+    if (i == comm->context->rank)
+      continue;
+    try {
+      auto& pair = comm->context->getPair(i);
+      if (!pair)
+        continue;
+      pair->close();
+    } catch (...) {
+      // A pair that already failed may refuse; it is closed either way.
+    }
+  }
+}
+
+}  // namespace
+
+RONDE_GLOO_EXPORT void ronde_gloo_interrupt(RondeGlooComm* comm) {
+  close_pairs(comm);
+}
+
 RONDE_GLOO_EXPORT void ronde_gloo_destroy(RondeGlooComm* comm) {
   if (comm == nullptr)
     return;
   // Close every connection first, explicitly: peers blocked on this rank
   // then fail at once instead of at their timeout, even while something
   // else still holds a reference to the context.
-  if (comm->context) {
-    for (int i = 0; i < comm->context->size; ++i) {
-      if (i == comm->context->rank)
-        continue;
-      try {
-        auto& pair = comm->context->getPair(i);
-        if (pair)
-          pair->close();
-      } catch (...) {
-        // A pair that already failed may refuse; it is closed either way.
-      }
-    }
-  }
+  close_pairs(comm);
   try {
     delete comm;
   } catch (...) {

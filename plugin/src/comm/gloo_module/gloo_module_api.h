@@ -98,6 +98,10 @@ int ronde_gloo_connect(
     char* err,
     size_t err_len);
 void ronde_gloo_destroy(RondeGlooComm* comm);
+// Closes every connection and frees nothing: safe to call from another
+// thread while a collective blocks on `comm`. Peers blocked on this rank
+// then fail at once; ronde_gloo_destroy must still be called afterwards.
+void ronde_gloo_interrupt(RondeGlooComm* comm);
 
 // In place: buf holds this rank's input and receives the reduced result.
 int ronde_gloo_allreduce(

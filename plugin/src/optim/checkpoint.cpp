@@ -1,0 +1,526 @@
+#include <ronde/amp.h>
+#include <ronde/checkpoint.h>
+#include <ronde/collectives.h>
+#include <ronde/data.h>
+#include <ronde/runtime.h>
+#include <ronde/schedule.h>
+#include <ronde/timeline.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <c10/util/Exception.h>
+
+#include <zlib.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+namespace ronde {
+
+namespace {
+
+// File layout: this header, then `size` payload bytes (a LibTorch archive).
+struct Header {
+  char magic[8];
+  uint64_t step;
+  uint64_t size;
+  uint32_t crc32;
+  uint32_t reserved;
+};
+static_assert(sizeof(Header) == 32, "the header is 32 bytes on disk");
+constexpr char kMagic[8] = {'R', 'O', 'N', 'D', 'E', 'C', 'K', 1};
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kSuffix = ".ronde";
+constexpr const char* kTmpSuffix = ".ronde.tmp";
+constexpr size_t kStatusBytes = 512;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "ckpt-000000000042.ronde" -> 42; -1 for any other name.
+int64_t step_of(const std::string& name) {
+  if (name.rfind(kPrefix, 0) != 0 || !ends_with(name, kSuffix)) {
+    return -1;
+  }
+  std::string digits = name.substr(
+      std::strlen(kPrefix),
+      name.size() - std::strlen(kPrefix) - std::strlen(kSuffix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+std::string file_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%012" PRId64 "%s", kPrefix, step, kSuffix);
+  return buf;
+}
+
+bool distributed() {
+  return is_initialized() && size() > 1;
+}
+
+int my_rank() {
+  return is_initialized() ? rank() : 0;
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+void make_dirs(const std::string& dir) {
+  std::string path;
+  size_t at = 0;
+  while (at != std::string::npos) {
+    at = dir.find('/', at + 1);
+    path = dir.substr(0, at);
+    if (path.empty()) {
+      continue;
+    }
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      TORCH_CHECK(
+          false,
+          "cannot create the checkpoint directory '",
+          path,
+          "': ",
+          errno_text());
+    }
+  }
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) {
+      continue;
+    }
+    TORCH_CHECK(w > 0, "cannot write '", path, "': ", errno_text());
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Writes `payload` as checkpoint `step` durably: temporary file, fsync,
+// rename, fsync of the directory.
+void write_checkpoint(
+    const std::string& dir, int64_t step, const std::string& payload) {
+  make_dirs(dir);
+  const std::string final_path = dir + "/" + file_name(step);
+  const std::string tmp_path = dir + "/" + file_name(step) + ".tmp";
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.step = static_cast<uint64_t>(step);
+  h.size = payload.size();
+  h.crc32 = static_cast<uint32_t>(::crc32(
+      0L,
+      reinterpret_cast<const Bytef*>(payload.data()),
+      static_cast<uInt>(payload.size())));
+  int fd =
+      ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot create '", tmp_path, "': ", errno_text());
+  try {
+    write_all(fd, &h, sizeof h, tmp_path);
+    write_all(fd, payload.data(), payload.size(), tmp_path);
+    TORCH_CHECK(
+        ::fsync(fd) == 0, "cannot flush '", tmp_path, "': ", errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp_path.c_str());
+    throw;
+  }
+  TORCH_CHECK(
+      ::close(fd) == 0, "cannot close '", tmp_path, "': ", errno_text());
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp_path.c_str());
+    TORCH_CHECK(
+        false, "cannot rename '", tmp_path, "' to '", final_path, "': ", why);
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TORCH_CHECK(dfd >= 0, "cannot open '", dir, "': ", errno_text());
+  int rc = ::fsync(dfd);
+  ::close(dfd);
+  TORCH_CHECK(
+      rc == 0, "cannot flush the directory '", dir, "': ", errno_text());
+}
+
+// The payload of a checkpoint file, or an empty optional with `why` set.
+std::optional<std::string> read_checkpoint(
+    const std::string& path, int64_t expected_step, std::string& why) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    why = "cannot open it: " + errno_text();
+    return std::nullopt;
+  }
+  std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
+  Header h{};
+  if (std::fread(&h, sizeof h, 1, f) != 1) {
+    why = "torn: shorter than its header";
+    return std::nullopt;
+  }
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
+    why = "not a ronde checkpoint (bad magic)";
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(h.step) != expected_step) {
+    why = "its header says step " + std::to_string(h.step);
+    return std::nullopt;
+  }
+  std::string payload(h.size, '\0');
+  size_t got = std::fread(payload.data(), 1, payload.size(), f);
+  if (got != payload.size()) {
+    why = "torn: " + std::to_string(got) + " of " + std::to_string(h.size) +
+          " payload bytes";
+    return std::nullopt;
+  }
+  char extra;
+  if (std::fread(&extra, 1, 1, f) != 0) {
+    why = "has bytes after its payload";
+    return std::nullopt;
+  }
+  uint32_t crc = static_cast<uint32_t>(::crc32(
+      0L,
+      reinterpret_cast<const Bytef*>(payload.data()),
+      static_cast<uInt>(payload.size())));
+  if (crc != h.crc32) {
+    why = "corrupt: checksum mismatch";
+    return std::nullopt;
+  }
+  return payload;
+}
+
+// Rank 0's verdict, broadcast to every rank: "" when all went well.
+void agree_on_outcome(const std::string& rank0_error, const std::string& what) {
+  if (distributed()) {
+    auto status = at::zeros({static_cast<int64_t>(kStatusBytes)}, at::kByte);
+    if (my_rank() == 0 && !rank0_error.empty()) {
+      size_t n = std::min(rank0_error.size(), kStatusBytes - 1);
+      std::memcpy(status.data_ptr<uint8_t>(), rank0_error.data(), n);
+    }
+    broadcast_(status, 0, CollectiveOptions().name("ronde.checkpoint." + what));
+    std::string msg(reinterpret_cast<const char*>(status.data_ptr<uint8_t>()));
+    TORCH_CHECK(
+        msg.empty(), "Checkpointer: rank 0 failed to ", what, ": ", msg);
+  } else {
+    TORCH_CHECK(
+        rank0_error.empty(),
+        "Checkpointer: failed to ",
+        what,
+        ": ",
+        rank0_error);
+  }
+}
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(
+    std::string dir, int64_t every_n_steps, int64_t keep_last)
+    : dir_(std::move(dir)),
+      every_n_steps_(every_n_steps),
+      keep_last_(keep_last) {
+  TORCH_CHECK(!dir_.empty(), "Checkpointer: the directory is empty");
+  TORCH_CHECK(
+      every_n_steps_ >= 0,
+      "Checkpointer: every_n_steps must be >= 0, got ",
+      every_n_steps_);
+  TORCH_CHECK(
+      keep_last_ >= 1,
+      "Checkpointer: keep_last must be >= 1, got ",
+      keep_last_);
+  while (dir_.size() > 1 && dir_.back() == '/') {
+    dir_.pop_back();
+  }
+}
+
+Checkpointer& Checkpointer::add_entry(Entry entry) {
+  TORCH_CHECK(
+      !entry.name.empty() && entry.name.rfind("ronde.", 0) != 0,
+      "Checkpointer: bad entry name '",
+      entry.name,
+      "' (empty, or in ronde's own 'ronde.' namespace)");
+  for (const auto& e : entries_) {
+    TORCH_CHECK(
+        e.name != entry.name, "Checkpointer: '", entry.name, "' added twice");
+  }
+  entries_.push_back(std::move(entry));
+  return *this;
+}
+
+Checkpointer& Checkpointer::add(
+    const std::string& name, torch::nn::Module& module) {
+  // Values are copied into the existing tensors rather than swapped in as
+  // Module::load() does (Tensor::set_, which also detaches a parameter from
+  // its gradient accumulator and so from DistributedOptimizer's hooks).
+  auto save = [&module](torch::serialize::OutputArchive& a) {
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+      a.write(p.key(), p.value().detach());
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+      a.write(b.key(), b.value().detach(), /*is_buffer=*/true);
+    }
+  };
+  auto load = [&module, name](torch::serialize::InputArchive& a) {
+    torch::NoGradGuard no_grad;
+    auto copy_in =
+        [&](const std::string& key, const at::Tensor& dst, bool is_buffer) {
+          at::Tensor src;
+          TORCH_CHECK(
+              a.try_read(key, src, is_buffer),
+              "Checkpointer: '",
+              name,
+              "' has no saved value for '",
+              key,
+              "'");
+          TORCH_CHECK(
+              src.sizes() == dst.sizes(),
+              "Checkpointer: '",
+              name,
+              "': '",
+              key,
+              "' was saved with shape ",
+              src.sizes(),
+              ", the model has ",
+              dst.sizes());
+          dst.copy_(src);
+        };
+    for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+      copy_in(p.key(), p.value(), false);
+    }
+    for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+      copy_in(b.key(), b.value(), true);
+    }
+  };
+  return add_entry({name, save, load});
+}
+
+Checkpointer& Checkpointer::add(
+    const std::string& name, torch::optim::Optimizer& optimizer) {
+  return add_entry(
+      {name,
+       [&optimizer](auto& a) { optimizer.save(a); },
+       [&optimizer](auto& a) { optimizer.load(a); }});
+}
+
+Checkpointer& Checkpointer::add(
+    const std::string& name, WarmupScheduler& scheduler) {
+  return add_entry(
+      {name,
+       [&scheduler](auto& a) { scheduler.save(a); },
+       [&scheduler](auto& a) { scheduler.load(a); }});
+}
+
+Checkpointer& Checkpointer::add(const std::string& name, GradScaler& scaler) {
+  return add_entry(
+      {name,
+       [&scaler](auto& a) { scaler.save(a); },
+       [&scaler](auto& a) { scaler.load(a); }});
+}
+
+Checkpointer& Checkpointer::add(
+    const std::string& name, DistributedSampler& sampler) {
+  return add_entry(
+      {name,
+       [&sampler](auto& a) { sampler.save(a); },
+       [&sampler](auto& a) { sampler.load(a); }});
+}
+
+Checkpointer& Checkpointer::add(const std::string& name, int64_t& counter) {
+  return add_entry(
+      {name,
+       [&counter](auto& a) { a.write("value", c10::IValue(counter)); },
+       [&counter](auto& a) {
+         c10::IValue v;
+         a.read("value", v);
+         counter = v.toInt();
+       }});
+}
+
+Checkpointer& Checkpointer::add(
+    const std::string& name,
+    std::function<void(torch::serialize::OutputArchive&)> save,
+    std::function<void(torch::serialize::InputArchive&)> load) {
+  TORCH_CHECK(
+      save && load, "Checkpointer: '", name, "' needs both save and load");
+  return add_entry({name, std::move(save), std::move(load)});
+}
+
+bool Checkpointer::maybe_save(int64_t step) {
+  if (every_n_steps_ == 0 || step <= 0 || step % every_n_steps_ != 0) {
+    return false;
+  }
+  save(step);
+  return true;
+}
+
+std::vector<std::string> Checkpointer::list() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      int64_t step = step_of(e->d_name);
+      if (step >= 0) {
+        found.emplace_back(step, dir_ + "/" + e->d_name);
+      }
+    }
+    ::closedir(d);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& f : found) {
+    paths.push_back(std::move(f.second));
+  }
+  return paths;
+}
+
+void Checkpointer::save(int64_t step) {
+  TORCH_CHECK(step >= 0, "Checkpointer: the step must be >= 0, got ", step);
+  TimelineRange span("checkpoint save " + std::to_string(step), "checkpoint");
+  // Every rank's generator, so that a rank-specific random stream (dropout
+  // seeded per rank) resumes where it was.
+  auto rng = cpu_rng_state().unsqueeze(0);
+  if (distributed()) {
+    rng = allgather(rng, CollectiveOptions().name("ronde.checkpoint.rng"));
+  }
+  std::string error;
+  if (my_rank() == 0) {
+    try {
+      torch::serialize::OutputArchive archive;
+      for (const auto& e : entries_) {
+        torch::serialize::OutputArchive sub;
+        e.save(sub);
+        archive.write(e.name, sub);
+      }
+      archive.write("ronde.rng_cpu", rng);
+      std::string payload;
+      archive.save_to([&payload](const void* data, size_t n) {
+        payload.append(static_cast<const char*>(data), n);
+        return n;
+      });
+      write_checkpoint(dir_, step, payload);
+      // Only now that the new one is durable: drop the oldest, and any
+      // temporary file a killed writer left behind.
+      auto paths = list();
+      for (size_t i = 0; i + keep_last_ < paths.size(); ++i) {
+        ::unlink(paths[i].c_str());
+      }
+      if (DIR* d = ::opendir(dir_.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+          if (ends_with(e->d_name, kTmpSuffix)) {
+            ::unlink((dir_ + "/" + e->d_name).c_str());
+          }
+        }
+        ::closedir(d);
+      }
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree_on_outcome(
+      error, "save checkpoint " + std::to_string(step) + " in '" + dir_ + "'");
+}
+
+std::optional<int64_t> Checkpointer::restore() {
+  TimelineRange span("checkpoint restore", "checkpoint");
+  std::string payload;
+  int64_t step = -1;
+  if (my_rank() == 0) {
+    auto paths = list();
+    for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
+      std::string why;
+      auto name = it->substr(it->rfind('/') + 1);
+      if (auto p = read_checkpoint(*it, step_of(name), why)) {
+        payload = std::move(*p);
+        step = step_of(name);
+        break;
+      }
+      std::cerr << "ronde: rank 0: skipping checkpoint " << *it << ": " << why
+                << std::endl;
+    }
+  }
+  if (distributed()) {
+    auto meta =
+        at::tensor({step, static_cast<int64_t>(payload.size())}, at::kLong);
+    broadcast_(meta, 0, CollectiveOptions().name("ronde.checkpoint.restore"));
+    step = meta[0].item<int64_t>();
+    auto bytes = at::empty({meta[1].item<int64_t>()}, at::kByte);
+    if (my_rank() == 0) {
+      std::memcpy(bytes.data_ptr<uint8_t>(), payload.data(), payload.size());
+    }
+    if (step >= 0) {
+      broadcast_(
+          bytes, 0, CollectiveOptions().name("ronde.checkpoint.payload"));
+      payload.assign(
+          reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+          bytes.numel());
+    }
+  }
+  if (step < 0) {
+    return std::nullopt;
+  }
+  torch::serialize::InputArchive archive;
+  {
+    // From a stream, not from the flat buffer: LibTorch may then alias the
+    // buffer's bytes in the loaded tensors (parameters included), and the
+    // buffer dies with this function.
+    std::istringstream stream(std::move(payload));
+    archive.load_from(stream);
+  }
+  const std::string where =
+      "checkpoint " + std::to_string(step) + " in '" + dir_ + "'";
+  for (const auto& e : entries_) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(
+        archive.try_read(e.name, sub),
+        "Checkpointer: rank ",
+        my_rank(),
+        ": ",
+        where,
+        " has no entry '",
+        e.name,
+        "'");
+    e.load(sub);
+  }
+  at::Tensor rng;
+  archive.read("ronde.rng_cpu", rng);
+  const int64_t ranks = distributed() ? size() : 1;
+  if (rng.size(0) == ranks) {
+    set_cpu_rng_state(rng[my_rank()].clone());  // its own storage
+  } else if (my_rank() == 0) {
+    std::cerr << "ronde: " << where << " was written by " << rng.size(0)
+              << " ranks, this job has " << ranks
+              << ": random number generators are not restored" << std::endl;
+  }
+  return step;
+}
+
+}  // namespace ronde

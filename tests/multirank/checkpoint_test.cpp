@@ -1,0 +1,290 @@
+// Coordinated checkpoints on 2 real ranks: a run killed with SIGKILL and
+// resumed ends bitwise equal to an uninterrupted run; torn and corrupt
+// files are skipped; a failed write is an error on every rank.
+#include "harness.h"
+
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace {
+
+using ronde::testing::JobResult;
+using ronde::testing::run_job;
+using ronde::testing::worker_spec;
+
+constexpr int kTotal = 40;
+
+ronde::testing::JobSpec checkpoint_spec(
+    const std::string& dir, int every, const std::string& kill) {
+  auto spec = worker_spec(
+      {"checkpoint", dir, std::to_string(kTotal), std::to_string(every), kill},
+      2);
+  spec.env["RONDE_TIMEOUT_SECONDS"] = "10";
+  spec.timeout = std::chrono::seconds(120);
+  return spec;
+}
+
+JobResult run_checkpoint(const std::string& dir, int every, int kill_at) {
+  return run_job(checkpoint_spec(dir, every, std::to_string(kill_at)));
+}
+
+// "rank R: params <hash> after step 40" for each rank.
+std::vector<std::string> params_of(const JobResult& job) {
+  std::vector<std::string> out;
+  std::regex re("params ([0-9a-f]{16}) after step 40");
+  for (const auto& r : job.ranks) {
+    std::smatch m;
+    out.push_back(
+        std::regex_search(r.output, m, re) ? std::string(m[1]) : "(none)");
+  }
+  return out;
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") {
+        names.push_back(n);
+      }
+    }
+    closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string ckpt(int step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "ckpt-%012d.ronde", step);
+  return buf;
+}
+
+TEST(Checkpoint, KilledRunResumesToTheSameParameters) {
+  auto root = ronde::testing::make_temp_dir();
+  // The uninterrupted reference.
+  auto straight = run_checkpoint(root + "/straight", 0, -1);
+  ASSERT_TRUE(straight.all_succeeded()) << straight.dump();
+  auto expected = params_of(straight);
+  ASSERT_NE(expected[0], "(none)") << straight.dump();
+  EXPECT_EQ(expected[0], expected[1]) << straight.dump();
+  EXPECT_NE(straight.ranks[0].output.find("fresh start"), std::string::npos);
+
+  // Rank 1 dies by SIGKILL after step 20; checkpoints at 8 and 16 remain.
+  const std::string dir = root + "/run";
+  auto killed = run_checkpoint(dir, 8, 20);
+  ASSERT_FALSE(killed.timed_out) << killed.dump();
+  EXPECT_EQ(killed.ranks[1].signal, SIGKILL) << killed.dump();
+  EXPECT_EQ(killed.ranks[0].exit_code, 4) << killed.dump();  // a CommError
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{ckpt(8), ckpt(16)}));
+
+  // Resumed: from step 16, to the same parameters, bit for bit.
+  auto resumed = run_checkpoint(dir, 8, -1);
+  ASSERT_TRUE(resumed.all_succeeded()) << resumed.dump();
+  EXPECT_NE(resumed.ranks[0].output.find("restored step 16"), std::string::npos)
+      << resumed.dump();
+  EXPECT_NE(resumed.ranks[1].output.find("restored step 16"), std::string::npos)
+      << resumed.dump();
+  EXPECT_EQ(params_of(resumed), expected) << resumed.dump();
+  // keep_last = 2.
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+}
+
+TEST(Checkpoint, TornAndCorruptFilesAreSkipped) {
+  auto root = ronde::testing::make_temp_dir();
+  auto straight = run_checkpoint(root + "/straight", 0, -1);
+  ASSERT_TRUE(straight.all_succeeded()) << straight.dump();
+  auto expected = params_of(straight);
+
+  const std::string dir = root + "/run";
+  auto first = run_checkpoint(dir, 8, -1);
+  ASSERT_TRUE(first.all_succeeded()) << first.dump();
+  ASSERT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+  const std::string newest = dir + "/" + ckpt(40);
+
+  // A flipped byte in the payload: the checksum catches it. A stale
+  // temporary file (a writer killed mid-write) is ignored, then removed.
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(200);
+    c ^= 0x5a;
+    f.write(&c, 1);
+  }
+  std::ofstream(dir + "/" + ckpt(48) + ".tmp") << "half a checkpoint";
+  auto after_corrupt = run_checkpoint(dir, 8, -1);
+  ASSERT_TRUE(after_corrupt.all_succeeded()) << after_corrupt.dump();
+  EXPECT_NE(
+      after_corrupt.ranks[0].output.find(
+          "skipping checkpoint " + newest + ": corrupt: checksum mismatch"),
+      std::string::npos)
+      << after_corrupt.dump();
+  EXPECT_NE(
+      after_corrupt.ranks[1].output.find("restored step 32"), std::string::npos)
+      << after_corrupt.dump();
+  EXPECT_EQ(params_of(after_corrupt), expected) << after_corrupt.dump();
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+
+  // Cut short (a torn write on a file system without atomic rename).
+  ASSERT_EQ(truncate(newest.c_str(), 100), 0);
+  auto after_torn = run_checkpoint(dir, 8, -1);
+  ASSERT_TRUE(after_torn.all_succeeded()) << after_torn.dump();
+  EXPECT_NE(
+      after_torn.ranks[0].output.find(
+          "skipping checkpoint " + newest + ": torn"),
+      std::string::npos)
+      << after_torn.dump();
+  EXPECT_EQ(params_of(after_torn), expected) << after_torn.dump();
+}
+
+TEST(Checkpoint, AFailedWriteIsAnErrorOnEveryRank) {
+  // A directory below a regular file cannot be created.
+  auto root = ronde::testing::make_temp_dir();
+  std::ofstream(root + "/file") << "x";
+  auto job = run_checkpoint(root + "/file/ckpt", 8, -1);
+  ASSERT_FALSE(job.timed_out) << job.dump();
+  for (const auto& r : job.ranks) {
+    EXPECT_EQ(r.exit_code, 3) << job.dump();
+    EXPECT_NE(
+        r.output.find(
+            "Checkpointer: rank 0 failed to save checkpoint 8 in '" + root +
+            "/file/ckpt': cannot create the checkpoint directory '" + root +
+            "/file"),
+        std::string::npos)
+        << job.dump();
+  }
+}
+
+TEST(Checkpoint, ARankKilledInsideBackwardFailsThePeerWithinTheTimeout) {
+  auto root = ronde::testing::make_temp_dir();
+  auto job = run_job(checkpoint_spec(root + "/run", 8, "b10"));
+  ASSERT_FALSE(job.timed_out) << job.dump();
+  EXPECT_EQ(job.ranks[1].signal, SIGKILL) << job.dump();
+  EXPECT_NE(
+      job.ranks[1].output.find("killing myself inside backward"),
+      std::string::npos)
+      << job.dump();
+  EXPECT_EQ(job.ranks[0].exit_code, 4) << job.dump();
+  EXPECT_NE(
+      job.ranks[0].output.find("COMM_ERROR: ronde: allreduce of "),
+      std::string::npos)
+      << job.dump();
+  EXPECT_NE(job.ranks[0].output.find("failed on rank 0"), std::string::npos)
+      << job.dump();
+  // RONDE_TIMEOUT_SECONDS is 10: the failure is detected, not waited out.
+  EXPECT_LT(job.seconds, 60.0) << job.dump();
+  // The checkpoint of step 8 is intact.
+  EXPECT_EQ(files_in(root + "/run"), (std::vector<std::string>{ckpt(8)}));
+}
+
+TEST(Checkpoint, TwoJobsOnOneMachineDoNotInterfere) {
+  auto root = ronde::testing::make_temp_dir();
+  // Distinct job ids and ports, started at once.
+  ronde::testing::RunningJob a(checkpoint_spec(root + "/a", 8, "-1"));
+  ronde::testing::RunningJob b(checkpoint_spec(root + "/b", 8, "-1"));
+  EXPECT_NE(a.spec().job_id, b.spec().job_id);
+  EXPECT_NE(a.spec().port, b.spec().port);
+  auto ra = a.wait();
+  auto rb = b.wait();
+  ASSERT_TRUE(ra.all_succeeded()) << ra.dump();
+  ASSERT_TRUE(rb.all_succeeded()) << rb.dump();
+  EXPECT_EQ(params_of(ra), params_of(rb));
+  EXPECT_EQ(
+      files_in(root + "/a"), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+  EXPECT_EQ(
+      files_in(root + "/b"), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+}
+
+TEST(Timeline, EveryRankWritesItsOwnTrace) {
+  auto root = ronde::testing::make_temp_dir();
+  auto spec = checkpoint_spec(root + "/run", 8, "-1");
+  spec.env["RONDE_TIMELINE"] = root + "/trace.json";
+  auto job = run_job(spec);
+  ASSERT_TRUE(job.all_succeeded()) << job.dump();
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream f(root + "/trace." + std::to_string(r) + ".json");
+    std::stringstream text;
+    text << f.rdbuf();
+    const std::string t = text.str();
+    ASSERT_FALSE(t.empty()) << "no trace for rank " << r;
+    EXPECT_EQ(t.rfind("[\n", 0), 0u);
+    EXPECT_EQ(t.substr(t.size() - 3), "\n]\n");
+    EXPECT_NE(
+        t.find("\"args\":{\"name\":\"rank " + std::to_string(r) + "\"}"),
+        std::string::npos);
+    EXPECT_NE(t.find("\"cat\":\"collective\",\"ph\":\"X\""), std::string::npos);
+    EXPECT_NE(t.find("\"name\":\"allreduce "), std::string::npos);
+    EXPECT_NE(
+        t.find("\"args\":{\"name\":\"communication\"}"), std::string::npos);
+    EXPECT_NE(
+        t.find("\"name\":\"checkpoint save 40\",\"cat\":\"checkpoint\""),
+        std::string::npos);
+    EXPECT_NE(t.find("\"name\":\"checkpoint restore\""), std::string::npos);
+  }
+}
+
+TEST(StallInspector, WarnsAboutARankThatHasNotSubmitted) {
+  auto spec = worker_spec({"stall", "4"}, 2);
+  spec.env["RONDE_TIMEOUT_SECONDS"] = "30";
+  spec.env["RONDE_STALL_WARNING_SECONDS"] = "1";
+  auto job = run_job(spec);
+  ASSERT_TRUE(job.all_succeeded()) << job.dump();
+  const auto& out = job.ranks[0].output;
+  EXPECT_NE(
+      out.find("ronde: stall warning: rank 0 has waited 1 s in collective #"),
+      std::string::npos)
+      << job.dump();
+  EXPECT_NE(
+      out.find(" allreduce 'late tensor'; rank 1 has not submitted it (rank 1 "
+               "last started #"),
+      std::string::npos)
+      << job.dump();
+  // Warned once, and the late rank was not warned about anything.
+  EXPECT_EQ(
+      out.find("stall warning", out.find("stall warning") + 1),
+      std::string::npos)
+      << job.dump();
+  EXPECT_EQ(job.ranks[1].output.find("stall"), std::string::npos) << job.dump();
+  EXPECT_NE(job.ranks[1].output.find("rank 1: sum 2"), std::string::npos)
+      << job.dump();
+}
+
+TEST(StallInspector, ShutsTheCollectiveDownAfterTheLimit) {
+  auto spec = worker_spec({"stall", "12"}, 2);
+  spec.env["RONDE_TIMEOUT_SECONDS"] = "60";
+  spec.env["RONDE_STALL_WARNING_SECONDS"] = "1";
+  spec.env["RONDE_STALL_SHUTDOWN_SECONDS"] = "3";
+  auto job = run_job(spec);
+  ASSERT_FALSE(job.timed_out) << job.dump();
+  const auto& out = job.ranks[0].output;
+  EXPECT_EQ(job.ranks[0].exit_code, 4) << job.dump();
+  EXPECT_NE(
+      out.find("ronde: stall: rank 0 gave up after 3 s in collective #"),
+      std::string::npos)
+      << job.dump();
+  EXPECT_NE(
+      out.find("(RONDE_STALL_SHUTDOWN_SECONDS=3); rank 1 has not submitted it"),
+      std::string::npos)
+      << job.dump();
+  EXPECT_NE(
+      out.find("rank 0: COMM_ERROR: ronde: allreduce of 'late tensor' failed "
+               "on rank 0"),
+      std::string::npos)
+      << job.dump();
+  // The late rank fails too when it finally arrives, instead of hanging.
+  EXPECT_EQ(job.ranks[1].exit_code, 4) << job.dump();
+  // Well before the 60 s collective timeout.
+  EXPECT_LT(job.seconds, 40.0) << job.dump();
+}
+
+}  // namespace
