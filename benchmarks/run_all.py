@@ -468,6 +468,7 @@ def main():
         for b in sorted(benches, key=BENCHMARKS.index):
             report[b], report["tables"][b], report["wall_s"][b] = run_driver(
                 b, a, settings[b], tmp)
+    report["machine"]["load_avg_at_end"] = list(os.getloadavg())
     report["headline"] = headline(report)
     json_path = os.path.join(out_dir, name + ".json")
     figures = [] if a.no_plots else plot_all(report, os.path.join(out_dir, name))
