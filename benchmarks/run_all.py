@@ -28,8 +28,7 @@ HERE = os.path.join(ROOT, "benchmarks")
 BENCHMARKS = ("allreduce", "fusion", "train")
 
 # Driver arguments: the drivers' own defaults (3 rounds each), but 5 timed
-# training steps per run instead of 6, so the whole report stays within about
-# a quarter of an hour on two busy cores.
+# training steps per run instead of 6: training is most of the report's time.
 FULL = {"allreduce": [], "fusion": [], "train": ["--steps", "5"]}
 QUICK = {
     "allreduce": ["-b", "4K", "-e", "4M", "-f", "4"],
