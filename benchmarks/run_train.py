@@ -1,7 +1,7 @@
 """Training throughput side by side: local (one process, no communication),
 local2 (two independent processes at once: the fair baseline when two ranks
 share two cores), ronde (DistributedOptimizer, 2 ranks) and PyTorch DDP
-(gloo, 2 ranks), ronde and DDP alternating over several rounds.
+(gloo, 2 ranks), all four alternating over several rounds.
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
 
@@ -62,26 +62,34 @@ def main():
                                stdout=subprocess.DEVNULL)
                 return load(path)
 
-            print(f"[{wl}] local", file=sys.stderr)
-            local = run([bench, "--mode", "local"] + common, f"{wl}-local")
-            print(f"[{wl}] local2", file=sys.stderr)
-            procs, paths = [], []
-            for i in range(a.np):
-                path = os.path.join(tmp, f"{wl}-local2-{i}.json")
-                paths.append(path)
-                procs.append(subprocess.Popen(
-                    [bench, "--mode", "local"] + common + ["--json", path],
-                    env=env, stdout=subprocess.DEVNULL))
-            for pr in procs:
-                if pr.wait() != 0:
-                    raise SystemExit("local2 run failed")
-            local2_step = max(load(x)["step_s"] for x in paths)
+            def run_local2(r):
+                procs, paths = [], []
+                for i in range(a.np):
+                    path = os.path.join(tmp, f"{wl}-local2-{r}-{i}.json")
+                    paths.append(path)
+                    procs.append(subprocess.Popen(
+                        [bench, "--mode", "local"] + common + ["--json", path],
+                        env=env, stdout=subprocess.DEVNULL))
+                for pr in procs:
+                    if pr.wait() != 0:
+                        raise SystemExit("local2 run failed")
+                return max(load(x)["step_s"] for x in paths)
+
             wires = [c for c in a.compression.split(",") if c] if wl == "mlp" else []
-            impls = ["ronde", "ddp"] + [f"ronde_{c}" for c in wires]
+            # The baselines run every round too, so every mode's spread over
+            # rounds is known and no mode sees a quieter machine than another.
+            impls = ["local", "local2", "ronde", "ddp"] + [f"ronde_{c}" for c in wires]
             runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
                 for impl in impls:
                     print(f"[{wl}] round {r + 1}/{a.rounds}: {impl}", file=sys.stderr)
+                    if impl == "local":
+                        runs[impl].append(run([bench, "--mode", "local"] + common,
+                                              f"{wl}-local-{r}"))
+                        continue
+                    if impl == "local2":
+                        runs[impl].append({"step_s": run_local2(r)})
+                        continue
                     if impl == "ddp":
                         prog = ddp
                     else:
@@ -89,9 +97,13 @@ def main():
                         prog = [bench, "--mode", "ronde", "--compression", wire]
                     runs[impl].append(run([ronderun, "-np", str(a.np), "--"] + prog + common,
                                           f"{wl}-{impl}-{r}"))
-            batch = local["batch_per_rank"]
+            local_step = statistics.median(x["step_s"] for x in runs["local"])
+            local2_step = statistics.median(x["step_s"] for x in runs["local2"])
+            batch = runs["local"][0]["batch_per_rank"]
             row = {"workload": wl, "batch_per_rank": batch, "ranks": a.np,
-                   "local_step_s": local["step_s"], "local2_step_s": local2_step}
+                   "local_step_s": local_step, "local2_step_s": local2_step,
+                   "local_steps_s": [x["step_s"] for x in runs["local"]],
+                   "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
             for impl in ("ronde", "ddp"):
                 steps = [x["step_s"] for x in runs[impl]]
                 row[f"{impl}_step_s"] = statistics.median(steps)
@@ -114,7 +126,7 @@ def main():
                 # Scaling efficiency: throughput of N ranks over N x one
                 # process alone (local), and over N independent processes
                 # sharing the machine the same way (local2).
-                row[f"{impl}_eff_local"] = local["step_s"] / row[f"{impl}_step_s"]
+                row[f"{impl}_eff_local"] = local_step / row[f"{impl}_step_s"]
                 row[f"{impl}_eff_local2"] = local2_step / row[f"{impl}_step_s"]
                 row[f"{impl}_samples_s"] = a.np * batch / row[f"{impl}_step_s"]
             out_rows.append(row)

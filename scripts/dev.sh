@@ -7,6 +7,8 @@
 #   scripts/dev.sh test      set up, build, run the whole test suite
 #   scripts/dev.sh setup     only install dependencies
 #   scripts/dev.sh build     set up and build
+#   scripts/dev.sh bench     set up, build, run the benchmark report
+#                            (benchmarks/run_all.py; pass --quick for a smoke run)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,8 +55,9 @@ setup_venv() {
     log "installing torch==$TORCH_VERSION into the venv"
     "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
   fi
-  if ! "$VENV/bin/python" -c 'import numpy' >/dev/null 2>&1; then
-    "$VENV/bin/pip" install -q --disable-pip-version-check numpy
+  # matplotlib: the benchmark report's figures (benchmarks/run_all.py).
+  if ! "$VENV/bin/python" -c 'import numpy, matplotlib' >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check numpy matplotlib
   fi
 }
 
@@ -87,5 +90,6 @@ case "$cmd" in
   build) setup; build ;;
   example) setup; build; run_example "$@" ;;
   test) setup; build; run_tests "$@" ;;
-  *) echo "usage: scripts/dev.sh {example|test|setup|build} [args...]" >&2; exit 2 ;;
+  bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
+  *) echo "usage: scripts/dev.sh {example|test|bench|setup|build} [args...]" >&2; exit 2 ;;
 esac
