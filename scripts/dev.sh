@@ -16,7 +16,7 @@ JOBS=${RONDE_JOBS:-2}
 TORCH_VERSION=2.13.0
 
 APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
-  dataset-fashion-mnist)
+  python3-dev dataset-fashion-mnist)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
 
@@ -55,6 +55,10 @@ setup_venv() {
   fi
   if ! "$VENV/bin/python" -c 'import numpy' >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --disable-pip-version-check numpy
+  fi
+  # The Python bindings' tests; pytest does not depend on torch.
+  if ! "$VENV/bin/python" -c 'import pytest' >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check pytest
   fi
 }
 
