@@ -17,8 +17,8 @@ VENV=${RONDE_VENV:-$ROOT/.venv}
 JOBS=${RONDE_JOBS:-2}
 TORCH_VERSION=2.13.0
 
-APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev zlib1g-dev
-  dataset-fashion-mnist)
+APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
+  zlib1g-dev python3-dev dataset-fashion-mnist)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
 
@@ -58,6 +58,10 @@ setup_venv() {
   # matplotlib: the benchmark report's figures (benchmarks/run_all.py).
   if ! "$VENV/bin/python" -c 'import numpy, matplotlib' >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --disable-pip-version-check numpy matplotlib
+  fi
+  # The Python bindings' tests; pytest does not depend on torch.
+  if ! "$VENV/bin/python" -c 'import pytest' >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check pytest
   fi
 }
 

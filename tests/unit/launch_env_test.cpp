@@ -90,6 +90,20 @@ TEST(LaunchEnv, Torchrun) {
   EXPECT_EQ(info.addr, "host0");
   EXPECT_EQ(info.port, 29500);
   EXPECT_EQ(info.job_id, "run7");
+  EXPECT_FALSE(info.store_hosted);
+}
+
+TEST(LaunchEnv, TorchrunAgentStore) {
+  LaunchInfo info = parse(
+      {{"RANK", "0"},
+       {"WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", "29500"},
+       {"TORCHELASTIC_RUN_ID", "run7"},
+       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+       {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  EXPECT_TRUE(info.store_hosted);
+  EXPECT_EQ(info.job_id, "run7.restart2");
 }
 
 TEST(LaunchEnv, Slurm) {

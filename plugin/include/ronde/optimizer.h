@@ -72,6 +72,61 @@ struct StepProfile {
   double wait_seconds = 0;
 };
 
+// The gradient engine of DistributedOptimizer, without an optimizer: a hook
+// on each parameter's gradient accumulator, fused buckets all-reduced
+// asynchronously during backward, the used-mask, compression and local
+// accumulation over backward_passes_per_step. For training loops whose
+// optimizer is not a torch::optim::Optimizer (the Python bindings drive a
+// torch.optim.Optimizer with it). A step is: backward pass(es), then
+// synchronize(), then the optimizer's update, then finish_step().
+class GradientReducer {
+ public:
+  // Parameters with requires_grad=false are left out. Checks across ranks
+  // that every rank has the same parameters; registers the hooks, released
+  // when this object is destroyed.
+  GradientReducer(
+      const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+      const DistributedOptimizerOptions& options = {});
+  GradientReducer(
+      const std::vector<std::string>& names,
+      const std::vector<torch::Tensor>& parameters,
+      const DistributedOptimizerOptions& options = {});
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Launches the buckets not yet launched, waits for every all-reduce and
+  // writes the averaged gradients into .grad. Does nothing if this step is
+  // already synchronised.
+  void synchronize();
+  // Whether synchronize() ran since the last finish_step().
+  bool synchronized() const;
+  // Ends the step: the next backward pass starts a new one.
+  void finish_step();
+  // synchronize() then finish_step(): a step whose update is skipped (a
+  // GradScaler overflow) still completes its all-reduces on every rank.
+  void skip_step();
+  // The tensors holding this step's averaged gradients after synchronize():
+  // the bucket buffers when gradients are bucket views, else the gradients.
+  std::vector<torch::Tensor> gradient_buffers() const;
+  // Parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> buckets() const;
+  StepProfile last_step_profile() const;
+  const DistributedOptimizerOptions& options() const {
+    return options_;
+  }
+  // The names of the parameters it reduces (requires_grad only), in the
+  // order given.
+  const std::vector<std::string>& names() const {
+    return names_;
+  }
+
+ private:
+  DistributedOptimizerOptions options_;
+  std::vector<std::string> names_;
+  std::shared_ptr<detail::GradientEngine> engine_;
+};
+
 class DistributedOptimizer : public torch::optim::Optimizer {
  public:
   // `named_parameters` are the model's (model->named_parameters()); those
@@ -127,7 +182,7 @@ class DistributedOptimizer : public torch::optim::Optimizer {
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   DistributedOptimizerOptions options_;
-  std::shared_ptr<detail::GradientEngine> engine_;
+  std::unique_ptr<GradientReducer> reducer_;
   double lr_scale_factor_ = 1.0;
   std::vector<double> base_lrs_;
 };

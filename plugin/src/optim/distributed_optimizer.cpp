@@ -464,6 +464,11 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     return last_profile_;
   }
 
+  bool synchronized() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return synchronized_;
+  }
+
  private:
   struct Slot {
     at::Tensor param;
@@ -581,17 +586,10 @@ DistributedOptimizer::DistributedOptimizer(
     param_groups_[g].set_options(std::make_unique<detail::ForwardingOptions>(
         optimizer_.get(), static_cast<int>(g)));
   }
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params;
-  std::vector<std::string> lines;
   std::unordered_set<const void*> known;
   for (const auto& item : named_parameters) {
-    if (!item.value().requires_grad())
-      continue;
-    names.push_back(item.key());
-    params.push_back(item.value());
-    known.insert(item.value().unsafeGetTensorImpl());
-    lines.push_back(detail::describe_tensor(item.key(), item.value()));
+    if (item.value().requires_grad())
+      known.insert(item.value().unsafeGetTensorImpl());
   }
   // A parameter the optimizer steps but nobody averages would let the
   // replicas drift apart silently.
@@ -608,9 +606,7 @@ DistributedOptimizer::DistributedOptimizer(
           "never be averaged");
     }
   }
-  detail::check_same_everywhere("DistributedOptimizer parameters", lines);
-  engine_ = std::make_shared<detail::GradientEngine>(names, params, options_);
-  engine_->install_hooks();
+  reducer_ = std::make_unique<GradientReducer>(named_parameters, options_);
   lr_scale_factor_ = ronde::lr_scale_factor(
       options_.lr_scaling(),
       ronde::size(),
@@ -622,26 +618,93 @@ DistributedOptimizer::DistributedOptimizer(
   }
 }
 
-void DistributedOptimizer::skip_step() {
+GradientReducer::GradientReducer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+    const DistributedOptimizerOptions& options)
+    : GradientReducer(
+          named_parameters.keys(), named_parameters.values(), options) {}
+
+GradientReducer::GradientReducer(
+    const std::vector<std::string>& names,
+    const std::vector<torch::Tensor>& parameters,
+    const DistributedOptimizerOptions& options)
+    : options_(options) {
+  TORCH_CHECK(
+      names.size() == parameters.size(),
+      "ronde: GradientReducer got ",
+      names.size(),
+      " names for ",
+      parameters.size(),
+      " parameters");
+  std::vector<at::Tensor> params;
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK(
+        parameters[i].defined(),
+        "ronde: parameter '",
+        names[i],
+        "' is an undefined tensor");
+    if (!parameters[i].requires_grad())
+      continue;
+    names_.push_back(names[i]);
+    params.push_back(parameters[i]);
+    lines.push_back(detail::describe_tensor(names[i], parameters[i]));
+  }
+  detail::check_same_everywhere("DistributedOptimizer parameters", lines);
+  engine_ = std::make_shared<detail::GradientEngine>(names_, params, options_);
+  engine_->install_hooks();
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::synchronize() {
+  engine_->synchronize();
+}
+
+bool GradientReducer::synchronized() const {
+  return engine_->synchronized();
+}
+
+void GradientReducer::finish_step() {
+  engine_->reset();
+}
+
+void GradientReducer::skip_step() {
   engine_->synchronize();
   engine_->reset();
 }
 
-std::vector<torch::Tensor> DistributedOptimizer::gradient_buffers() const {
+std::vector<torch::Tensor> GradientReducer::gradient_buffers() const {
   return engine_->gradient_buffers();
+}
+
+std::vector<std::vector<std::string>> GradientReducer::buckets() const {
+  return engine_->bucket_names();
+}
+
+StepProfile GradientReducer::last_step_profile() const {
+  return engine_->last_profile();
+}
+
+void DistributedOptimizer::skip_step() {
+  reducer_->skip_step();
+}
+
+std::vector<torch::Tensor> DistributedOptimizer::gradient_buffers() const {
+  return reducer_->gradient_buffers();
 }
 
 DistributedOptimizer::~DistributedOptimizer() = default;
 
 void DistributedOptimizer::synchronize() {
-  engine_->synchronize();
+  reducer_->synchronize();
 }
 
 torch::Tensor DistributedOptimizer::step(LossClosure closure) {
   if (!closure) {
-    engine_->synchronize();
+    reducer_->synchronize();
     torch::Tensor out = optimizer_->step();
-    engine_->reset();
+    reducer_->finish_step();
     return out;
   }
   TORCH_CHECK(
@@ -651,16 +714,16 @@ torch::Tensor DistributedOptimizer::step(LossClosure closure) {
   // Each evaluation is one synchronised backward pass, and its loss the
   // mean over ranks: line searches then decide alike on every rank.
   auto synced = [&]() -> torch::Tensor {
-    engine_->reset();
+    reducer_->finish_step();
     torch::Tensor loss = closure();
-    engine_->synchronize();
+    reducer_->synchronize();
     if (!loss.defined())
       return loss;
     return ronde::allreduce(
         loss.detach(), AllreduceOptions().name("ronde.closure_loss"));
   };
   torch::Tensor out = optimizer_->step(synced);
-  engine_->reset();
+  reducer_->finish_step();
   return out;
 }
 
@@ -689,11 +752,11 @@ void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
 }
 
 std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
-  return engine_->bucket_names();
+  return reducer_->buckets();
 }
 
 StepProfile DistributedOptimizer::last_step_profile() const {
-  return engine_->last_profile();
+  return reducer_->last_step_profile();
 }
 
 void broadcast_parameters(

@@ -228,6 +228,14 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     info.job_id =
         r.str("RONDE_JOB_ID")
             .value_or(r.str("TORCHELASTIC_RUN_ID").value_or("default"));
+    // torchrun's agent hosts its store on MASTER_PORT; after a restart
+    // the same store still holds the previous attempt's keys.
+    info.store_hosted =
+        r.str("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+    if (auto restart = r.str("TORCHELASTIC_RESTART_COUNT");
+        restart && *restart != "0" && !r.str("RONDE_JOB_ID")) {
+      info.job_id += ".restart" + *restart;
+    }
     validate(info, "RANK", "WORLD_SIZE");
   } else if (r.str("SLURM_PROCID")) {
     info.source = "slurm";

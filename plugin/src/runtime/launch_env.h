@@ -20,6 +20,9 @@ struct LaunchInfo {
   std::string addr;  // rendezvous host (rank 0 hosts the store there)
   int port = 0;
   std::string job_id = "default";
+  // The launcher already hosts a store at addr:port (torchrun's agent,
+  // TORCHELASTIC_USE_AGENT_STORE=True): every rank joins it as a client.
+  bool store_hosted = false;
   // Which convention supplied the values: "ronde", "torchrun", "slurm",
   // "openmpi", or "none" (no launcher: one process, no network).
   std::string source = "none";

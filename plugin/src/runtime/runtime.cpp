@@ -129,7 +129,7 @@ void connect(Runtime& rt, const InitOptions& options) {
   load_gloo_backend();
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.port);
-  so.isServer = info.rank == 0;
+  so.isServer = info.rank == 0 && !info.store_hosted;
   so.numWorkers = std::nullopt;
   so.waitWorkers = false;
   so.timeout = rt.timeout;

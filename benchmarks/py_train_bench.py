@@ -1,0 +1,159 @@
+"""The train benchmark's mlp and cnn workloads from Python: ronde.torch's
+DistributedOptimizer (over torch.optim.SGD) against PyTorch's
+DistributedDataParallel (ddp_train_bench.py), same models, same loop, both
+on 2 ranks through ronderun, alternating over the rounds.
+
+    .venv/bin/python benchmarks/py_train_bench.py --rounds 3
+
+Prints medians and the ronde/DDP step-time ratio per workload, and writes
+benchmarks/results/py-train-<date>.json. With --worker it is one rank of
+the ronde mode (what the driver launches).
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DDP = os.path.join(HERE, "ddp_train_bench.py")
+
+
+def worker(a):
+    import torch
+    import torch.nn.functional as F
+
+    import ronde.torch as rt
+
+    # The models of the DDP baseline, so both sides train the same thing.
+    spec = importlib.util.spec_from_file_location("ddp_train_bench", DDP)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rt.init()
+    if a.workload == "mlp":
+        model, batch = models.make_mlp(), 64
+        x, y = torch.randn(batch, 1024), torch.randint(0, 1000, (batch,))
+    else:
+        model, batch = models.ResNet18(), 32
+        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  compression=a.compression)
+    samples, waits = [], []
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)  # as the DDP baseline
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if s >= a.warmup:
+            samples.append(time.perf_counter() - t0)
+            waits.append(opt.last_step_profile().wait_seconds)
+    step = rt.allreduce(torch.tensor([statistics.median(samples)],
+                                     dtype=torch.float64), op=rt.Max).item()
+    if rt.rank() == 0:
+        print(f"{a.workload} ronde-py: {rt.size()} rank(s), median step "
+              f"{step * 1e3:.1f} ms, {rt.size() * batch / step:.1f} samples/s")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"workload": a.workload, "mode": "ronde-py",
+                           "ranks": rt.size(), "batch_per_rank": batch,
+                           "step_s": step, "wait_s": statistics.median(waits),
+                           "samples_per_s": rt.size() * batch / step,
+                           "steps": a.steps}, f)
+    rt.shutdown()
+
+
+def driver(a):
+    ronderun = os.path.join(a.build, "bin", "ronderun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(a.build, "python")] +
+        [p for p in [env.get("PYTHONPATH")] if p])
+    if a.allocator == "tuned":  # as run_train.py, every mode alike
+        env["GLIBC_TUNABLES"] = ("glibc.malloc.hugetlb=1:"
+                                 "glibc.malloc.mmap_threshold=33554432:"
+                                 "glibc.malloc.trim_threshold=4294967296")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl in a.workloads.split(","):
+            common = ["--workload", wl, "--steps", str(a.steps),
+                      "--warmup", str(a.warmup)]
+            progs = {"ronde": [sys.executable, os.path.abspath(__file__),
+                               "--worker"],
+                     "ddp": [sys.executable, DDP]}
+            runs = {m: [] for m in progs}
+            for r in range(a.rounds):
+                for mode, prog in progs.items():
+                    print(f"[{wl}] round {r + 1}/{a.rounds}: {mode}",
+                          file=sys.stderr)
+                    path = os.path.join(tmp, f"{wl}-{mode}-{r}.json")
+                    subprocess.run([ronderun, "-np", str(a.np), "--"] + prog +
+                                   common + ["--json", path], check=True,
+                                   env=env, stdout=subprocess.DEVNULL)
+                    with open(path) as f:
+                        runs[mode].append(json.load(f))
+            row = {"workload": wl, "ranks": a.np,
+                   "batch_per_rank": runs["ddp"][0]["batch_per_rank"]}
+            for mode in progs:
+                steps = [x["step_s"] for x in runs[mode]]
+                row[f"{mode}_step_s"] = statistics.median(steps)
+                row[f"{mode}_steps_s"] = steps
+            row["ronde_wait_s"] = statistics.median(
+                x["wait_s"] for x in runs["ronde"])
+            row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
+            row["ronde_over_ddp_per_round"] = [
+                x["step_s"] / y["step_s"]
+                for x, y in zip(runs["ronde"], runs["ddp"])]
+            rows.append(row)
+    print(f"# Python training step, {a.np} ranks x 1 thread, median over "
+          f"{a.rounds} alternating rounds of the median of {a.steps} steps; "
+          f"allocator {a.allocator}")
+    print(f"{'workload':>8} {'ronde_ms':>9} {'ddp_ms':>8} {'ronde/ddp':>9} "
+          f"{'per round':>15} {'wait_ms':>8}")
+    for row in rows:
+        rr = row["ronde_over_ddp_per_round"]
+        print(f"{row['workload']:>8} {row['ronde_step_s'] * 1e3:>9.1f} "
+              f"{row['ddp_step_s'] * 1e3:>8.1f} {row['ronde_over_ddp']:>9.3f} "
+              f"{min(rr):>7.3f}..{max(rr):.3f} {row['ronde_wait_s'] * 1e3:>8.1f}")
+    out = a.out or os.path.join(
+        HERE, "results",
+        f"py-train-{datetime.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "rounds": a.rounds, "steps": a.steps,
+                   "allocator": a.allocator}, f, indent=1)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true",
+                   help="run one rank of the ronde mode (under a launcher)")
+    p.add_argument("--workload", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--workloads", default="mlp,cnn")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--compression", default="none")
+    p.add_argument("--allocator", choices=["tuned", "default"],
+                   default="tuned")
+    p.add_argument("--json")
+    p.add_argument("--out")
+    a = p.parse_args()
+    worker(a) if a.worker else driver(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""ronde for PyTorch: the C++ engine of ronde (Gloo collectives, fused
+gradient buckets all-reduced during backward) driving any
+``torch.optim.Optimizer``.
+
+    import torch
+    import ronde.torch as rt
+
+    rt.init()
+    model = Net()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    rt.broadcast_optimizer_state(opt, root_rank=0)
+    for x, y in my_shard_of_the_data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # buckets all-reduce during backward
+        opt.step()                        # waits, then steps on the averages
+
+Import torch first (``import ronde.torch`` does it): LibTorch must be loaded
+before libronde, which then keeps its own Gloo apart from LibTorch's.
+"""
+import contextlib as _contextlib
+import io as _io
+
+import torch as _torch
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported)
+    CommError,
+    Compression,
+    Decay,
+    DecayShape,
+    GradientReducer,
+    Handle,
+    LrScaling,
+    ReduceOp,
+    StepProfile,
+    WarmupShape,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    barrier_async,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    cross_rank,
+    cross_size,
+    init,
+    is_initialized,
+    job_id,
+    local_rank,
+    local_size,
+    lr_scale_factor,
+    rank,
+    reducescatter,
+    reducescatter_async,
+    shutdown,
+    size,
+    timeout_seconds,
+)
+
+__version__ = _C.version()
+
+Sum = ReduceOp.Sum
+Average = ReduceOp.Average
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+
+def synchronize(handle):
+    """Waits for an _async collective and returns its output (Horovod's
+    ``hvd.synchronize``)."""
+    return handle.result()
+
+
+def poll(handle):
+    """Whether an _async collective has finished."""
+    return handle.done()
+
+
+def _named_tensors(tensors):
+    if hasattr(tensors, "items"):
+        tensors = tensors.items()
+    names, values = [], []
+    for name, t in tensors:
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError(
+                f"ronde: '{name}' is a {type(t).__name__}, not a torch.Tensor")
+        names.append(name)
+        values.append(t)
+    return names, values
+
+
+def broadcast_parameters(params, root_rank):
+    """Copies root_rank's values into every rank's tensors, in place, fused
+    into one broadcast per dtype. ``params``: ``model.state_dict()`` (buffers
+    included), ``model.named_parameters()`` or any (name, tensor) pairs;
+    names must agree across ranks."""
+    names, tensors = _named_tensors(params)
+    with _torch.no_grad():
+        _C.broadcast_parameters(names, tensors, root_rank)
+
+
+def broadcast_object(obj, root_rank=0, name="ronde.broadcast_object"):
+    """Returns root_rank's ``obj`` on every rank (through torch.save)."""
+    if rank() == root_rank:
+        buf = _io.BytesIO()
+        _torch.save(obj, buf)
+        data = _torch.frombuffer(bytearray(buf.getvalue()), dtype=_torch.uint8)
+        length = _torch.tensor([data.numel()], dtype=_torch.int64)
+    else:
+        length = _torch.zeros(1, dtype=_torch.int64)
+    length = broadcast(length, root_rank, name=name + ".size")
+    if rank() != root_rank:
+        data = _torch.empty(int(length.item()), dtype=_torch.uint8)
+    data = broadcast(data, root_rank, name=name)
+    if rank() == root_rank:
+        return obj
+    return _torch.load(_io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Makes every rank's optimizer state and param-group options (LRs
+    included) root_rank's, through ``state_dict()``: works for any
+    ``torch.optim.Optimizer``, wrapped or not."""
+    state = broadcast_object(optimizer.state_dict(), root_rank,
+                             name="ronde.optimizer_state")
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+from ._optimizer import (  # noqa: E402,F401
+    DistributedOptimizer,
+    GradScaler,
+    WarmupScheduler,
+)

@@ -1,0 +1,330 @@
+"""DistributedOptimizer, GradScaler and WarmupScheduler for torch.optim."""
+import contextlib
+
+import torch
+
+from . import _C
+
+
+class _DistributedOptimizer:
+    """Mixed into the wrapped optimizer's class (see DistributedOptimizer):
+    ronde's C++ engine averages the gradients, the Python optimizer steps."""
+
+    def synchronize(self):
+        """Waits for every bucket's all-reduce and writes the averaged
+        gradients into ``.grad``: call it to touch gradients before step()
+        (clipping, unscaling); step() then does not reduce again."""
+        self._ronde_reducer.synchronize()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize (after an explicit
+        synchronize(), e.g. around ``torch.amp.GradScaler.step``)."""
+        self._ronde_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._ronde_should_synchronize = True
+
+    def step(self, closure=None):
+        reducer = self._ronde_reducer
+        if closure is not None:
+            return self._ronde_closure_step(closure)
+        if self._ronde_should_synchronize:
+            reducer.synchronize()
+        elif not reducer.synchronized():
+            raise RuntimeError(
+                "ronde: step() inside skip_synchronize() before "
+                "synchronize(): the gradients are not averaged yet")
+        out = super().step()
+        reducer.finish_step()
+        return out
+
+    def _ronde_closure_step(self, closure):
+        # Each evaluation is one synchronised backward pass, and its loss
+        # the mean over ranks: line searches then decide alike everywhere.
+        reducer = self._ronde_reducer
+        if reducer.backward_passes_per_step() != 1:
+            raise RuntimeError(
+                "ronde: step(closure) evaluates the closure itself; use "
+                "backward_passes_per_step = 1 with it")
+
+        def synced():
+            reducer.finish_step()
+            loss = closure()
+            reducer.synchronize()
+            if loss is None:
+                return loss
+            return _C.allreduce(loss.detach(), name="ronde.closure_loss")
+
+        out = super().step(synced)
+        reducer.finish_step()
+        return out
+
+    def zero_grad(self, set_to_none=True):
+        # A step synchronised but never taken (torch.amp.GradScaler skips
+        # step() after an overflow) ends here, on every rank alike.
+        if self._ronde_reducer.synchronized():
+            self._ronde_reducer.finish_step()
+        super().zero_grad(set_to_none=set_to_none)
+
+    def skip_step(self):
+        """Ends the step without updating the parameters: still completes
+        this step's all-reduces, so every rank stays in step."""
+        self._ronde_reducer.skip_step()
+
+    def gradient_buffers(self):
+        """The tensors holding this step's averaged gradients after
+        synchronize(): the bucket buffers when gradients are bucket views,
+        else the gradients."""
+        return self._ronde_reducer.gradient_buffers()
+
+    def buckets(self):
+        """Parameter names per bucket, in launch order."""
+        return self._ronde_reducer.buckets()
+
+    def last_step_profile(self):
+        return self._ronde_reducer.last_step_profile()
+
+    @property
+    def lr_scale_factor(self):
+        """The factor lr_scaling applied to the base LRs (1 without)."""
+        return self._ronde_lr_scale_factor
+
+    @property
+    def base_lrs(self):
+        return [g["ronde_base_lr"] for g in self.param_groups]
+
+
+_classes = {}
+
+
+def _distributed_class(base):
+    cls = _classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizer, base),
+                   {"__module__": base.__module__,
+                    "__doc__": base.__doc__})
+        _classes[base] = cls
+    return cls
+
+
+def _parse_enum(enum, value, what):
+    if isinstance(value, str):
+        try:
+            return enum.__members__[value.lower()]
+        except KeyError:
+            names = ", ".join(enum.__members__)
+            raise ValueError(
+                f"ronde: unknown {what} '{value}' (one of {names})") from None
+    if value is None:
+        return enum.__members__["none"]
+    return value
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, *,
+                         fusion_threshold_mb=0.0, first_bucket_mb=1.0,
+                         backward_passes_per_step=1,
+                         average_aggregated_gradients=True,
+                         op=_C.ReduceOp.Average,
+                         gradient_predivide_factor=1.0,
+                         gradient_as_bucket_view=True,
+                         compression=_C.Compression.none,
+                         lr_scaling=_C.LrScaling.none):
+    """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
+    averaged over all ranks, and returns it.
+
+    The optimizer object itself becomes an instance of a subclass of its
+    class that adds synchronize(), skip_synchronize(), skip_step(),
+    buckets(), last_step_profile(); its state, param groups and
+    state_dict() are untouched. ronde's C++ engine hooks each parameter's
+    gradient accumulator and all-reduces fused buckets during backward;
+    step() waits for them and then runs the optimizer's own step.
+
+    ``named_parameters``: ``model.named_parameters()`` (names must agree
+    across ranks; ``requires_grad=False`` ones are left out). The options are
+    those of the C++ DistributedOptimizerOptions; ``compression`` and
+    ``lr_scaling`` also take strings ("fp16", "linear", ...). LR scaling
+    multiplies every group's LR by the number of replicas x
+    backward_passes_per_step (or its square root); the base LR is kept in
+    each group's "ronde_base_lr", so wrapping again never compounds it.
+    Create LR schedulers after wrapping.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("ronde: DistributedOptimizer needs a "
+                        "torch.optim.Optimizer to wrap, got "
+                        f"{type(optimizer).__name__}")
+    compression = _parse_enum(_C.Compression, compression, "compression")
+    lr_scaling = _parse_enum(_C.LrScaling, lr_scaling, "lr_scaling")
+    if isinstance(op, str):
+        op = _C.ReduceOp.__members__[op.capitalize()]
+    if "step" in optimizer.__dict__:
+        # An LR scheduler made before wrapping patched the bound step():
+        # that copy would step without averaging.
+        raise RuntimeError(
+            "ronde: this optimizer's step() was patched (by an LR scheduler "
+            "made before wrapping?): create LR schedulers after "
+            "DistributedOptimizer")
+    if named_parameters is None:
+        named_parameters = [
+            (f"param_groups.{g}.{i}", p)
+            for g, group in enumerate(optimizer.param_groups)
+            for i, p in enumerate(group["params"])]
+    else:
+        named_parameters = list(named_parameters)
+    names = [n for n, _ in named_parameters]
+    params = [p for _, p in named_parameters]
+    _C._check_optimizer_parameters(
+        params, [list(g["params"]) for g in optimizer.param_groups])
+
+    if isinstance(optimizer, _DistributedOptimizer):
+        base = optimizer._ronde_base_class
+        optimizer._ronde_reducer = None  # releases the old hooks first
+    else:
+        base = type(optimizer)
+    reducer = _C.GradientReducer(
+        names, params,
+        fusion_threshold_mb=fusion_threshold_mb,
+        first_bucket_mb=first_bucket_mb,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        compression=compression)
+    factor = _C.lr_scale_factor(lr_scaling, _C.size(),
+                                backward_passes_per_step)
+    for group in optimizer.param_groups:
+        base_lr = group.setdefault("ronde_base_lr", group["lr"])
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(base_lr * factor)
+        else:
+            group["lr"] = base_lr * factor
+    optimizer.__class__ = _distributed_class(base)
+    optimizer._ronde_base_class = base
+    optimizer._ronde_reducer = reducer
+    optimizer._ronde_should_synchronize = True
+    optimizer._ronde_lr_scale_factor = factor
+    return optimizer
+
+
+def _is_distributed(optimizer):
+    return isinstance(optimizer, _DistributedOptimizer)
+
+
+class GradScaler(torch.amp.GradScaler):
+    """torch.amp.GradScaler that knows DistributedOptimizer: unscale_()
+    and step() synchronize first, so every rank unscales and checks the same
+    averaged gradients and skips (or takes) the step alike. The plain
+    recipe then works unchanged::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)            # optional, to clip
+        scaler.step(opt)
+        scaler.update()
+
+    With ``torch.amp.GradScaler`` itself, synchronize explicitly::
+
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()                 # ends a step the scaler skipped
+    """
+
+    def __init__(self, device="cpu", init_scale=2.0**16, growth_factor=2.0,
+                 backoff_factor=0.5, growth_interval=2000, enabled=True):
+        super().__init__(device, init_scale=init_scale,
+                         growth_factor=growth_factor,
+                         backoff_factor=backoff_factor,
+                         growth_interval=growth_interval, enabled=enabled)
+
+    def unscale_(self, optimizer):
+        if _is_distributed(optimizer):
+            optimizer.synchronize()
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        if not _is_distributed(optimizer):
+            return super().step(optimizer, *args, **kwargs)
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            out = super().step(optimizer, *args, **kwargs)
+        if optimizer._ronde_reducer.synchronized():
+            # The scaler found inf/NaN and skipped the update.
+            optimizer._ronde_reducer.finish_step()
+        return out
+
+
+class WarmupScheduler:
+    """ronde's warmup-then-decay LR schedule (the C++ WarmupScheduler's
+    arithmetic) on any torch.optim.Optimizer: sets every group's LR from its
+    peak LR (the LR it has when the scheduler is made, typically already
+    scaled by DistributedOptimizer), keeping the ratios between groups.
+    step() advances one optimizer step; construction applies step 0.
+
+    ``shape``: "linear", "exponential" or "constant" (WarmupShape);
+    ``multiplier``: peak LR / base LR, 0 to take a DistributedOptimizer's
+    lr_scale_factor (else 1); ``then``: a Decay (Decay.cosine(1000), ...).
+    """
+
+    def __init__(self, optimizer, warmup_steps=0, shape="linear",
+                 multiplier=0.0, then=None):
+        if warmup_steps < 0:
+            raise RuntimeError(
+                f"ronde: warmup_steps must be >= 0, got {warmup_steps}")
+        if multiplier < 0:
+            raise RuntimeError(
+                f"ronde: warmup multiplier must be >= 0, got {multiplier:g}")
+        self.optimizer = optimizer
+        self.warmup_steps = int(warmup_steps)
+        self.shape = _parse_enum(_C.WarmupShape, shape, "warmup shape")
+        self.then = then if then is not None else _C.Decay.constant()
+        if multiplier == 0:
+            multiplier = (optimizer.lr_scale_factor
+                          if _is_distributed(optimizer) else 1.0)
+        self.multiplier = float(multiplier)
+        self.peak_lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        self._step = 0
+        self._apply()
+
+    def factor(self, t=None):
+        return _C.schedule_factor(self.warmup_steps, self.shape, self.then,
+                                  self.multiplier,
+                                  self._step if t is None else t)
+
+    def _apply(self):
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self.peak_lrs):
+            raise RuntimeError(
+                f"ronde: the optimizer has {len(groups)} param groups, the "
+                f"scheduler was made for {len(self.peak_lrs)}")
+        f = self.factor()
+        for group, peak in zip(groups, self.peak_lrs):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(peak * f)
+            else:
+                group["lr"] = peak * f
+
+    def step(self):
+        self._step += 1
+        self._apply()
+
+    @property
+    def step_count(self):
+        return self._step
+
+    def get_last_lr(self):
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def state_dict(self):
+        return {"step": self._step, "peak_lrs": list(self.peak_lrs),
+                "multiplier": self.multiplier}
+
+    def load_state_dict(self, state):
+        self._step = int(state["step"])
+        self.peak_lrs = list(state["peak_lrs"])
+        self.multiplier = float(state["multiplier"])
+        self._apply()

@@ -1,0 +1,68 @@
+"""Launches workers on 2 local ranks through ronderun or torchrun. The build
+tree comes from RONDE_BUILD_DIR (CTest sets it), else ./build."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("RONDE_BUILD_DIR", os.path.join(ROOT, "build"))
+PYDIR = os.path.join(BUILD, "python")
+WORKER = os.path.join(HERE, "worker.py")
+
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+sys.path.insert(0, HERE)
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PYDIR, HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("RONDE_TIMEOUT_SECONDS", "30")
+    return env
+
+
+class Ranks:
+    def __init__(self, tmp_path):
+        self.out = str(tmp_path)
+
+    def run(self, scenario, *args, np=2, launcher="ronderun", check=True,
+            timeout=240):
+        worker = [WORKER, scenario, self.out] + list(args)
+        if launcher == "ronderun":
+            cmd = [os.path.join(BUILD, "bin", "ronderun"), "-np", str(np),
+                   "--", sys.executable] + worker
+        elif launcher == "torchrun":
+            torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+            cmd = [torchrun, "--nproc-per-node", str(np), "--master-port",
+                   str(_free_port())] + worker
+        else:
+            raise ValueError(launcher)
+        p = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                           timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {p.returncode}\n"
+                f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+        return p
+
+    def load(self, name, rank):
+        import torch
+        return torch.load(os.path.join(self.out, f"{name}.rank{rank}.pt"),
+                          weights_only=False)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ranks(tmp_path):
+    return Ranks(tmp_path)

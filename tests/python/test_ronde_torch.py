@@ -1,0 +1,169 @@
+"""ronde.torch on 2 real ranks over loopback, checked against one process
+training on every rank's data (tests/python/common.py)."""
+import pytest
+import torch
+
+from common import reference
+
+
+def assert_params_close(got, want, atol=1e-5, rtol=1e-4):
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+def check_training(ranks, ref, *args, atol=1e-5, rtol=1e-4):
+    ranks.run("train", *args)
+    p0, p1 = ranks.load("params", 0), ranks.load("params", 1)
+    for name in p0:  # replicas identical, bit for bit
+        assert torch.equal(p0[name], p1[name]), name
+    assert_params_close(p0, ref, atol=atol, rtol=rtol)
+    return ranks.load("info", 0)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw", "rmsprop",
+                                       "adagrad"])
+def test_matches_single_process(ranks, optimizer):
+    # RMSprop divides by the root of a running mean of squared gradients:
+    # the last-digit differences of a two-rank sum grow more there.
+    tol = {"atol": 1e-4, "rtol": 1e-3} if optimizer == "rmsprop" else {}
+    check_training(ranks, reference(optimizer), f"optimizer={optimizer}",
+                   **tol)
+
+
+def test_reference_differs_from_local_training():
+    # The comparison can fail: each rank on its own data alone ends
+    # elsewhere than the global-batch reference.
+    a, b = reference("sgd", size=2), reference("sgd", size=1)
+    assert any(not torch.allclose(a[n], b[n], atol=1e-4) for n in a)
+
+
+def test_backward_passes_per_step(ranks):
+    check_training(ranks, reference("sgd", k=2), "k=2")
+
+
+def test_zero_grad_keeps_bucket_views(ranks):
+    check_training(ranks, reference("adam"), "optimizer=adam", "zero=keep")
+
+
+def test_without_bucket_views_and_small_buckets(ranks):
+    info = check_training(ranks, reference("sgd"), "bucket_view=0",
+                          "fusion=0.0005")
+    assert len(info["buckets"]) > 1
+    # Reverse registration order: the last layer's gradients go first.
+    assert info["buckets"][0][0].startswith("4.")
+
+
+def test_lr_scaling_linear(ranks):
+    info = check_training(ranks, reference("sgd", lr=0.1), "lr=0.05",
+                          "lr_scaling=linear")
+    assert info["lr"] == [pytest.approx(0.1)]
+
+
+def test_fp16_compression_close(ranks):
+    check_training(ranks, reference("sgd"), "compression=fp16", atol=2e-3,
+                   rtol=1e-2)
+
+
+@pytest.mark.parametrize("amp", ["torch", "ronde"])
+def test_grad_scaler_skips_overflow_on_every_rank(ranks, amp):
+    # Step 2's loss is infinite on rank 1 only: the averaged gradients
+    # overflow on both ranks, both skip the step and back the scale off.
+    ref = reference("sgd", scaler={"init_scale": 1024.0}, inf_step=2)
+    info = check_training(ranks, ref, f"amp={amp}", "inf_step=2")
+    assert info["scales"][2] == 512.0
+    assert ranks.load("info", 1)["scales"] == info["scales"]
+
+
+def test_grad_scaler_clean_run(ranks):
+    check_training(ranks, reference("adam", scaler={"init_scale": 1024.0}),
+                   "optimizer=adam", "amp=torch")
+
+
+def test_collectives_and_async_handles(ranks):
+    ranks.run("collectives")
+    for r in range(2):
+        res = ranks.load("collectives", r)
+        assert (res["rank"], res["size"], res["local_rank"]) == (r, 2, r)
+        torch.testing.assert_close(res["allreduce"], torch.full((3,), 1.5))
+        torch.testing.assert_close(res["allreduce_sum"], torch.full((3,), 3.0))
+        torch.testing.assert_close(res["allreduce_max"], torch.full((3,), 2.0))
+        torch.testing.assert_close(res["allreduce_"], torch.full((3,), 3.0))
+        for i, t in enumerate(res["async"]):
+            torch.testing.assert_close(t, torch.full((2,), 0.5 + i))
+        torch.testing.assert_close(res["async_"], torch.full((2,), 1.0))
+        assert res["poll"]
+        torch.testing.assert_close(
+            res["allgather"], torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]))
+        torch.testing.assert_close(res["allgather_async"], torch.tensor([0, 1]))
+        torch.testing.assert_close(res["broadcast_"], torch.full((2,), 1.0))
+        torch.testing.assert_close(res["broadcast"], torch.tensor([0.0]))
+        # Rank r receives rows 2r, 2r+1 of every rank's 4 rows.
+        want = torch.tensor([2.0 * r, 2.0 * r + 1, 100 + 2.0 * r, 101 + 2.0 * r])
+        torch.testing.assert_close(res["alltoall"], want)
+        torch.testing.assert_close(res["alltoall_async"],
+                                   torch.tensor([float(r), 100.0 + r]))
+        assert list(res["received_splits"]) == [1, 1]
+        # Sum of (arange(4) + 0) and (arange(4) + 1), rows 2r and 2r+1.
+        torch.testing.assert_close(
+            res["reducescatter"], torch.tensor([4.0 * r + 1, 4.0 * r + 3]))
+
+
+def test_errors_are_python_exceptions_with_the_cpp_messages(ranks):
+    ranks.run("errors")
+    for r in range(2):
+        res = ranks.load("errors", r)
+        kind, msg = res["collective"]
+        assert kind == "RuntimeError"
+        assert msg.startswith(
+            f"ronde: ranks disagree on a collective (seen on rank {r}): "), msg
+        assert "mismatched" in msg
+        assert "Exception raised from" not in msg  # no C++ backtrace
+        kind, msg = res["optimizer"]
+        assert kind == "RuntimeError"
+        assert msg == (
+            "ronde: DistributedOptimizer parameters: ranks disagree (seen on "
+            f"rank {r}): at position 0 rank 0 has 'weight' Float[2, 3] on cpu "
+            "but rank 1 has 'weight' Float[2, 4] on cpu (rank 0 has 2, rank 1 "
+            "has 2 in all)"), msg
+        kind, msg = res["unnamed"]
+        assert msg.startswith(
+            "ronde: the wrapped optimizer's param group 0 holds a parameter "
+            f"Float[2, {3 + r}] that is not among named_parameters"), msg
+        kind, msg = res["passes"]
+        assert msg == "ronde: backward_passes_per_step must be >= 1, got 0"
+        kind, msg = res["count"]
+        assert msg.startswith(f"ronde: step() after 1 backward passes on rank {r}"), msg
+
+
+def test_peer_death_raises_comm_error(ranks):
+    ranks.run("peer_dies", check=False)
+    res = ranks.load("peer", 0)
+    assert res is not None, "rank 0 did not notice its peer's death"
+    assert res["type"] == "CommError" and res["is_runtime"]
+    assert res["kind"] in ("peer failure", "timeout",
+                           "broken communicator"), res
+
+
+def test_torchrun_launch(ranks):
+    check_training_torchrun = reference("sgd")
+    ranks.run("train", launcher="torchrun")
+    assert_params_close(ranks.load("params", 0), check_training_torchrun)
+    assert_params_close(ranks.load("params", 1), check_training_torchrun)
+
+
+def test_single_process_without_launcher():
+    import subprocess
+    import sys
+
+    from conftest import _env
+    code = ("import ronde.torch as rt, torch; rt.init(); "
+            "assert (rt.rank(), rt.size(), rt.local_rank()) == (0, 1, 0); "
+            "print(rt.allreduce(torch.ones(2)).tolist()); rt.shutdown()")
+    env = {k: v for k, v in _env().items()
+           if not k.startswith(("RONDE_RANK", "RONDE_SIZE", "RANK", "WORLD_SIZE"))}
+    p = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[1.0, 1.0]"

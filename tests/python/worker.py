@@ -1,0 +1,187 @@
+"""Runs on every rank (under ronderun or torchrun): one scenario per
+invocation, results saved for the test to check.
+
+    worker.py SCENARIO OUT_DIR [key=value ...]
+"""
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import ronde.torch as rt  # noqa: E402
+from common import STEPS, batch, loss_fn, make_model, make_optimizer  # noqa: E402
+
+
+def save(out, name, obj):
+    torch.save(obj, os.path.join(out, f"{name}.rank{rt.rank()}.pt"))
+
+
+def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
+          lr_scaling="none", zero="none", amp="", inf_step="-1",
+          bucket_view="1", fusion="0"):
+    k, lr, inf_step = int(k), float(lr), int(inf_step)
+    model = make_model()
+    if rt.rank() == 1:
+        with torch.no_grad():  # broadcast_parameters must undo this
+            for p in model.parameters():
+                p.add_(1.0)
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
+    opt = rt.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(),
+        backward_passes_per_step=k, compression=compression,
+        lr_scaling=lr_scaling, gradient_as_bucket_view=bucket_view == "1",
+        fusion_threshold_mb=float(fusion) or 0.0,
+        first_bucket_mb=0.001 if fusion != "0" else 1.0)
+    rt.broadcast_optimizer_state(opt, root_rank=0)
+    scaler = None
+    if amp == "torch":
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    elif amp == "ronde":
+        scaler = rt.GradScaler("cpu", init_scale=1024.0)
+    skipped = []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=(zero == "none"))
+        for micro in range(k):
+            x, y = batch(step, micro, rt.rank(), rt.size(), k)
+            # No division by k: average_aggregated_gradients does it.
+            loss = loss_fn(model, x, y)
+            if step == inf_step and rt.rank() == 1:
+                loss = loss * float("inf")
+            (scaler.scale(loss) if scaler else loss).backward()
+        if amp == "torch":  # the documented torch.amp.GradScaler recipe
+            opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+        elif amp == "ronde":
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if scaler:
+            skipped.append(scaler.get_scale())
+    save(out, "params", {n: p.detach().clone()
+                         for n, p in model.named_parameters()})
+    save(out, "info", {"buckets": opt.buckets(), "scales": skipped,
+                       "lr": [g["lr"] for g in opt.param_groups],
+                       "hooks": opt.last_step_profile().hooks})
+
+
+def collectives(out):
+    r, n = rt.rank(), rt.size()
+    res = {"rank": r, "size": n, "local_rank": rt.local_rank()}
+    t = torch.full((3,), float(r + 1))
+    res["allreduce"] = rt.allreduce(t)
+    res["allreduce_sum"] = rt.allreduce(t, op=rt.Sum)
+    res["allreduce_max"] = rt.allreduce(t, op=rt.Max, name="max")
+    u = t.clone()
+    rt.allreduce_(u, op=rt.Sum)
+    res["allreduce_"] = u
+    hs = [rt.allreduce_async(torch.full((2,), float(r + i)), name=f"a{i}")
+          for i in range(4)]
+    res["async"] = [rt.synchronize(h) for h in hs]
+    v = torch.full((2,), float(r))
+    h = rt.allreduce_async_(v, op=rt.Sum)
+    h.wait()
+    res["async_"] = v
+    res["poll"] = rt.poll(h)
+    res["allgather"] = rt.allgather(torch.full((r + 1, 2), float(r)))
+    res["allgather_async"] = rt.allgather_async(torch.tensor([r])).result()
+    b = torch.full((2,), float(r))
+    rt.broadcast_(b, 1)
+    res["broadcast_"] = b
+    res["broadcast"] = rt.broadcast(torch.tensor([r * 10.0]), 0)
+    res["alltoall"] = rt.alltoall(torch.arange(n * 2.0) + 100 * r)
+    ha = rt.alltoall_async(torch.arange(float(n)) + 100 * r,
+                           splits=[1] * n)
+    res["alltoall_async"] = ha.result()
+    res["received_splits"] = ha.received_splits()
+    res["reducescatter"] = rt.reducescatter(
+        torch.arange(n * 2.0) + r, op=rt.Sum)
+    rt.barrier()
+    rt.barrier_async().wait()
+    save(out, "collectives", res)
+
+
+def errors(out):
+    res = {}
+    # Collective mismatch: rank-dependent shapes.
+    try:
+        rt.allreduce(torch.zeros(2 + rt.rank()), name="mismatched")
+        res["collective"] = None
+    except RuntimeError as e:
+        res["collective"] = (type(e).__name__, str(e))
+    # Parameter mismatch in DistributedOptimizer.
+    model = torch.nn.Linear(3 + rt.rank(), 2)
+    try:
+        rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=model.named_parameters())
+        res["optimizer"] = None
+    except RuntimeError as e:
+        res["optimizer"] = (type(e).__name__, str(e))
+    # Local mistakes, raised by C++'s TORCH_CHECK.
+    other = torch.nn.Linear(2, 2)
+    try:
+        rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                named_parameters=other.named_parameters())
+        res["unnamed"] = None
+    except RuntimeError as e:
+        res["unnamed"] = (type(e).__name__, str(e))
+    try:
+        rt.DistributedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                                named_parameters=other.named_parameters(),
+                                backward_passes_per_step=0)
+        res["passes"] = None
+    except RuntimeError as e:
+        res["passes"] = (type(e).__name__, str(e))
+    # backward_passes_per_step: a step after the wrong count of passes.
+    opt = rt.DistributedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                                  named_parameters=other.named_parameters(),
+                                  backward_passes_per_step=2)
+    other(torch.ones(1, 2)).sum().backward()
+    try:
+        opt.step()
+        res["count"] = None
+    except RuntimeError as e:
+        res["count"] = (type(e).__name__, str(e))
+    save(out, "errors", res)
+
+
+def peer_dies(out):
+    """Rank 1 exits without a word; rank 0's collective must raise
+    CommError (a RuntimeError) instead of hanging."""
+    if rt.rank() == 1:
+        os._exit(0)
+    try:
+        for _ in range(3):
+            rt.allreduce(torch.ones(4), name="after_peer_death")
+        res = None
+    except rt.CommError as e:
+        res = {"type": type(e).__name__, "is_runtime": isinstance(e, RuntimeError),
+               "kind": e.kind, "operation": e.operation, "msg": str(e)}
+    save(out, "peer", res)
+    os._exit(0)
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
+    rt.init()
+    try:
+        {"train": train, "collectives": collectives, "errors": errors,
+         "peer_dies": peer_dies}[scenario](out, **kwargs)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    rt.shutdown()
+
+
+if __name__ == "__main__":
+    main()
