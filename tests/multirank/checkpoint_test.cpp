@@ -230,6 +230,21 @@ TEST(Timeline, EveryRankWritesItsOwnTrace) {
         t.find("\"name\":\"checkpoint save 40\",\"cat\":\"checkpoint\""),
         std::string::npos);
     EXPECT_NE(t.find("\"name\":\"checkpoint restore\""), std::string::npos);
+    // The optimizer's own events: gradient hooks, the bucket all-reduce
+    // named by its parameters, the wait in step(), the optimizer step.
+    EXPECT_NE(
+        t.find("\"name\":\"gradient 0.weight\",\"cat\":\"hook\",\"ph\":\"i\""),
+        std::string::npos);
+    EXPECT_NE(
+        t.find("\"name\":\"allreduce ronde.bucket.0 [3.bias, 3.weight, 0.bias, "
+               "+1 more]\""),
+        std::string::npos);
+    EXPECT_NE(
+        t.find("\"name\":\"wait for all-reduces\",\"cat\":\"wait\""),
+        std::string::npos);
+    EXPECT_NE(
+        t.find("\"name\":\"optimizer step\",\"cat\":\"step\""),
+        std::string::npos);
   }
 }
 

@@ -6,6 +6,7 @@
 // fire in). step() launches what is left, waits, and steps the wrapped
 // optimizer on the averaged gradients.
 #include <ronde/optimizer.h>
+#include <ronde/timeline.h>
 
 #include "optim/bucket_assignment.h"
 #include "runtime/error_text.h"
@@ -284,6 +285,14 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         offset += s.param.numel();
       }
       b.slots = members;
+      std::string list;
+      for (size_t pos = 0; pos < members.size() && pos < 3; ++pos) {
+        list += (pos ? ", " : "") + names_[slots_[members[pos]].index];
+      }
+      if (members.size() > 3)
+        list += ", +" + std::to_string(members.size() - 3) + " more";
+      b.name =
+          "ronde.bucket." + std::to_string(buckets_.size()) + " [" + list + "]";
       buckets_.push_back(std::move(b));
     }
     reset();
@@ -352,6 +361,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         ronde::rank(),
         ", but backward_passes_per_step is ",
         k);
+    if (timeline_enabled()) {
+      timeline_instant(
+          "gradient " + names_[s.index],
+          "hook",
+          "\"pass\":" + std::to_string(s.passes));
+    }
     if (s.passes < k)
       return;  // accumulate locally
     pack(s);
@@ -385,6 +400,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     while (next_launch_ < buckets_.size())
       launch(next_launch_++);
     auto t0 = std::chrono::steady_clock::now();
+    const int64_t wait_us = timeline_enabled() ? timeline_now_us() : -1;
     for (auto& b : buckets_) {
       b.handle.wait();
       if (b.wire.defined())
@@ -393,6 +409,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     profile_.wait_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
+    if (wait_us >= 0) {
+      timeline_span("wait for all-reduces", "wait", wait_us, timeline_now_us());
+    }
     torch::NoGradGuard no_grad;
     for (auto& b : buckets_) {
       at::Tensor used = b.mask.to(at::kCPU, at::kFloat);
@@ -488,6 +507,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     size_t pending = 0;
     bool launched = false;
     Handle handle;
+    // The collective's name: the bucket's index and first parameters, so
+    // that errors and stall reports say which tensors are involved.
+    std::string name;
   };
 
   // Moves a ready gradient into its bucket segment (a no-op when .grad
@@ -497,9 +519,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     at::Tensor& grad = s.param.mutable_grad();
     if (grad.defined() && grad.is_same(s.view))
       return;
+    const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
     s.view.copy_(grad);
     if (options_.gradient_as_bucket_view())
       grad = s.view;
+    if (t0 >= 0)
+      timeline_span("pack " + names_[s.index], "pack", t0, timeline_now_us());
   }
 
   void launch_ready() {
@@ -534,8 +559,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     if (options_.compression() != Compression::None &&
         (b.buffer.scalar_type() == at::kFloat ||
          b.buffer.scalar_type() == at::kDouble)) {
+      const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
       b.wire = b.buffer.to(wire_dtype(options_.compression()));
       target = b.wire;
+      if (t0 >= 0) {
+        timeline_span("compress " + b.name, "pack", t0, timeline_now_us());
+      }
     } else {
       b.wire = at::Tensor();
     }
@@ -545,7 +574,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
             .op(options_.op())
             .prescale_factor(1.0 / f)
             .postscale_factor(post)
-            .name("ronde.bucket." + std::to_string(bi))
+            .name(b.name)
             // Bucket layouts were checked on the first step; later
             // steps skip the descriptor exchange.
             .verify(!verified_));
@@ -703,7 +732,11 @@ void DistributedOptimizer::synchronize() {
 torch::Tensor DistributedOptimizer::step(LossClosure closure) {
   if (!closure) {
     reducer_->synchronize();
-    torch::Tensor out = optimizer_->step();
+    torch::Tensor out;
+    {
+      TimelineRange span("optimizer step", "step");
+      out = optimizer_->step();
+    }
     reducer_->finish_step();
     return out;
   }
@@ -722,7 +755,11 @@ torch::Tensor DistributedOptimizer::step(LossClosure closure) {
     return ronde::allreduce(
         loss.detach(), AllreduceOptions().name("ronde.closure_loss"));
   };
-  torch::Tensor out = optimizer_->step(synced);
+  torch::Tensor out;
+  {
+    TimelineRange span("optimizer step", "step");
+    out = optimizer_->step(synced);
+  }
   reducer_->finish_step();
   return out;
 }

@@ -2,6 +2,8 @@
 #include <ronde/metrics.h>
 #include <ronde/runtime.h>
 
+#include "runtime/json_text.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -31,23 +33,6 @@ std::string json_number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
-}
-
-std::string json_string(const std::string& s) {
-  std::string r = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      r += '\\';
-      r += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      r += buf;
-    } else {
-      r += c;
-    }
-  }
-  return r + "\"";
 }
 
 double unix_seconds() {
@@ -293,7 +278,7 @@ EpochStats TrainingMonitor::end_epoch(
          << ",\"samples_per_s\":" << json_number(e.samples_per_s)
          << ",\"comm_wait_share\":" << json_number(e.comm_wait_share);
     for (const auto& [name, value] : e.metrics) {
-      json << "," << json_string(name) << ":" << json_number(value);
+      json << ",\"" << detail::json_escape(name) << "\":" << json_number(value);
     }
     json << ",\"time\":" << fixed(unix_seconds(), 3) << "}";
     emit(line.str(), json.str());

@@ -1,6 +1,8 @@
 #include <ronde/runtime.h>
 #include <ronde/timeline.h>
 
+#include "runtime/json_text.h"
+
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
@@ -63,23 +65,6 @@ struct Timeline {
 Timeline& timeline() {
   static Timeline* t = new Timeline();  // outlives static destructors
   return *t;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string r;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      r += '\\';
-      r += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      r += buf;
-    } else {
-      r += c;
-    }
-  }
-  return r;
 }
 
 std::string rank_path(const std::string& path, int rank, int size) {
@@ -173,8 +158,8 @@ void timeline_span(
   }
   std::lock_guard<std::mutex> lock(t.mu);
   std::ostringstream e;
-  e << "{\"name\":\"" << json_escape(name) << "\",\"cat\":\"" << category
-    << "\",\"ph\":\"X\",\"ts\":" << start_us
+  e << "{\"name\":\"" << detail::json_escape(name) << "\",\"cat\":\""
+    << category << "\",\"ph\":\"X\",\"ts\":" << start_us
     << ",\"dur\":" << std::max<int64_t>(0, end_us - start_us)
     << ",\"pid\":" << t.pid << ",\"tid\":" << t.tid_locked();
   if (!args_json.empty()) {
@@ -195,9 +180,9 @@ void timeline_instant(
   const int64_t now = timeline_now_us();
   std::lock_guard<std::mutex> lock(t.mu);
   std::ostringstream e;
-  e << "{\"name\":\"" << json_escape(name) << "\",\"cat\":\"" << category
-    << "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":" << now << ",\"pid\":" << t.pid
-    << ",\"tid\":" << t.tid_locked();
+  e << "{\"name\":\"" << detail::json_escape(name) << "\",\"cat\":\""
+    << category << "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":" << now
+    << ",\"pid\":" << t.pid << ",\"tid\":" << t.tid_locked();
   if (!args_json.empty()) {
     e << ",\"args\":{" << args_json << "}";
   }
