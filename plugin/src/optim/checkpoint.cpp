@@ -278,8 +278,10 @@ Checkpointer& Checkpointer::add_entry(Entry entry) {
 Checkpointer& Checkpointer::add(
     const std::string& name, torch::nn::Module& module) {
   // Values are copied into the existing tensors rather than swapped in as
-  // Module::load() does (Tensor::set_, which also detaches a parameter from
-  // its gradient accumulator and so from DistributedOptimizer's hooks).
+  // Module::load() does (Tensor::set_): restored that way after wrapping,
+  // a resumed run's gradients skipped the all-reduce and the unscaling
+  // (the Checkpoint tests caught it); copying keeps every tensor as the
+  // DistributedOptimizer saw it.
   auto save = [&module](torch::serialize::OutputArchive& a) {
     for (const auto& p : module.named_parameters(/*recurse=*/true)) {
       a.write(p.key(), p.value().detach());
