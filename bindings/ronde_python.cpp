@@ -388,31 +388,9 @@ PYBIND11_MODULE(_C, m) {
       py::arg("root_rank"),
       release_gil());
 
-  // DistributedOptimizer's check (same message as C++): a parameter the
-  // optimizer steps but nobody averages would let replicas drift apart.
-  m.def(
-      "_check_optimizer_parameters",
-      [](const std::vector<at::Tensor>& named,
-         const std::vector<std::vector<at::Tensor>>& groups) {
-        std::unordered_set<const void*> known;
-        for (const auto& t : named) {
-          if (t.requires_grad())
-            known.insert(t.unsafeGetTensorImpl());
-        }
-        for (size_t g = 0; g < groups.size(); ++g) {
-          for (const auto& p : groups[g]) {
-            TORCH_CHECK(
-                !p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
-                "ronde: the wrapped optimizer's param group ",
-                g,
-                " holds a parameter ",
-                p.scalar_type(),
-                p.sizes(),
-                " that is not among named_parameters; its gradient would "
-                "never be averaged");
-          }
-        }
-      });
+  // DistributedOptimizer's check: a parameter the optimizer steps but
+  // nobody averages would let replicas drift apart.
+  m.def("_check_optimizer_parameters", &check_param_groups_covered);
 
   // The gradient engine.
   py::class_<StepProfile>(m, "StepProfile")

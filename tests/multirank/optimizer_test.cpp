@@ -66,7 +66,8 @@ INSTANTIATE_TEST_SUITE_P(
             "steplr",
             "copy",
             "smallbuckets",
-            "keepgrad")),
+            "keepgrad",
+            "reload")),
     case_name);
 
 TEST(DistributedOptimizer, ErrorsReachEveryRank) {

@@ -129,8 +129,9 @@ def test_errors_are_python_exceptions_with_the_cpp_messages(ranks):
             "has 2 in all)"), msg
         kind, msg = res["unnamed"]
         assert msg.startswith(
-            "ronde: the wrapped optimizer's param group 0 holds a parameter "
-            f"Float[2, {3 + r}] that is not among named_parameters"), msg
+            f"ronde: rank {r}: the wrapped optimizer's param group 0 holds "
+            f"a parameter Float[2, {3 + r}] that is not among "
+            "named_parameters"), msg
         kind, msg = res["passes"]
         assert msg == "ronde: backward_passes_per_step must be >= 1, got 0"
         kind, msg = res["count"]

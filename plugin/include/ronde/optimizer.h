@@ -72,6 +72,15 @@ struct StepProfile {
   double wait_seconds = 0;
 };
 
+// Throws unless every parameter in `param_groups` that requires a gradient
+// is one of `parameters` (compared by identity): a parameter the optimizer
+// steps but nobody averages would let the replicas drift apart silently.
+// DistributedOptimizer checks this itself; GradientReducer users (the
+// Python bindings) call it with their optimizer's groups.
+void check_param_groups_covered(
+    const std::vector<torch::Tensor>& parameters,
+    const std::vector<std::vector<torch::Tensor>>& param_groups);
+
 // The gradient engine of DistributedOptimizer, without an optimizer: a hook
 // on each parameter's gradient accumulator, fused buckets all-reduced
 // asynchronously during backward, the used-mask, compression and local

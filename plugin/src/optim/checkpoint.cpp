@@ -278,10 +278,10 @@ Checkpointer& Checkpointer::add_entry(Entry entry) {
 Checkpointer& Checkpointer::add(
     const std::string& name, torch::nn::Module& module) {
   // Values are copied into the existing tensors rather than swapped in as
-  // Module::load() does (Tensor::set_): restored that way after wrapping,
-  // a resumed run's gradients skipped the all-reduce and the unscaling
-  // (the Checkpoint tests caught it); copying keeps every tensor as the
-  // DistributedOptimizer saw it.
+  // Module::load() does (Tensor::set_, which gives each parameter a new
+  // gradient accumulator): the DistributedOptimizer copes with that (it
+  // re-hooks at the next step()), but copying keeps its hooks, and so the
+  // overlap of the first resumed step.
   auto save = [&module](torch::serialize::OutputArchive& a) {
     for (const auto& p : module.named_parameters(/*recurse=*/true)) {
       a.write(p.key(), p.value().detach());
@@ -475,7 +475,7 @@ std::optional<int64_t> Checkpointer::restore() {
     broadcast_(meta, 0, CollectiveOptions().name("ronde.checkpoint.restore"));
     step = meta[0].item<int64_t>();
     auto bytes = at::empty({meta[1].item<int64_t>()}, at::kByte);
-    if (my_rank() == 0) {
+    if (my_rank() == 0 && !payload.empty()) {  // no data pointer when empty
       std::memcpy(bytes.data_ptr<uint8_t>(), payload.data(), payload.size());
     }
     if (step >= 0) {

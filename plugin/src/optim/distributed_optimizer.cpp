@@ -99,7 +99,8 @@ void check_same_everywhere(
   for (const auto& l : lines)
     joined += l + "\n";
   at::Tensor mine = at::empty({static_cast<int64_t>(joined.size())}, at::kByte);
-  std::memcpy(mine.data_ptr(), joined.data(), joined.size());
+  if (!joined.empty())  // no data pointer when empty
+    std::memcpy(mine.data_ptr(), joined.data(), joined.size());
   // Lengths first (one row each), so the texts can be split apart.
   at::Tensor lengths = ronde::allgather(
       at::full({1}, static_cast<int64_t>(joined.size()), at::kLong),
@@ -301,25 +302,33 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   // Hooks hold a weak pointer: an engine destroyed first leaves them inert,
   // and the destructor removes them anyway.
   void install_hooks() {
-    std::weak_ptr<GradientEngine> weak = shared_from_this();
     for (size_t i = 0; i < slots_.size(); ++i) {
-      Slot& s = slots_[i];
-      s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+      auto accumulator =
+          torch::autograd::impl::grad_accumulator(slots_[i].param);
       TORCH_CHECK(
-          s.accumulator,
+          accumulator,
           "ronde: no gradient accumulator for '",
-          names_[s.index],
+          names_[slots_[i].index],
           "' (is it a leaf that requires grad?)");
-      s.hook_key = s.accumulator->add_post_hook(
-          std::make_unique<torch::autograd::utils::LambdaPostHook>(
-              [weak, i](
-                  const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-                if (auto engine = weak.lock())
-                  engine->on_ready(i);
-                return outputs;
-              }));
+      hook(i, std::move(accumulator));
     }
+  }
+
+  void hook(size_t i, c10::intrusive_ptr<torch::autograd::Node> accumulator) {
+    Slot& s = slots_[i];
+    if (s.accumulator)
+      s.accumulator->del_post_hook(s.hook_key);
+    std::weak_ptr<GradientEngine> weak = shared_from_this();
+    s.accumulator = std::move(accumulator);
+    s.hook_key = s.accumulator->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [weak, i](
+                const torch::autograd::variable_list& outputs,
+                const torch::autograd::variable_list&) {
+              if (auto engine = weak.lock())
+                engine->on_ready(i);
+              return outputs;
+            }));
   }
 
   ~GradientEngine() {
@@ -394,6 +403,27 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
           ": call step() after every ",
           k,
           " backward passes");
+    }
+    // A parameter replaced in place after the hooks were installed
+    // (Tensor::set_, which is how torch::load fills a Module) no longer
+    // points at the accumulator we hooked (the one its last backward used
+    // is gone with the graph), so its gradient arrived unannounced: take it
+    // now (its bucket cannot have launched without it), and hook a new
+    // accumulator, which later graphs will use, for the next steps.
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      auto current = torch::autograd::impl::try_get_grad_accumulator(s.param);
+      if (current == s.accumulator)
+        continue;
+      if (!current)
+        current = torch::autograd::impl::grad_accumulator(s.param);
+      hook(i, std::move(current));
+      if (s.passes == 0 && s.param.grad().defined() &&
+          !buckets_[s.bucket].launched) {
+        s.passes = k;
+        pack(s);
+        --buckets_[s.bucket].pending;
+      }
     }
     // Buckets holding parameters that got no gradient here launch now, in
     // order, so every rank still runs every bucket.
@@ -615,26 +645,11 @@ DistributedOptimizer::DistributedOptimizer(
     param_groups_[g].set_options(std::make_unique<detail::ForwardingOptions>(
         optimizer_.get(), static_cast<int>(g)));
   }
-  std::unordered_set<const void*> known;
-  for (const auto& item : named_parameters) {
-    if (item.value().requires_grad())
-      known.insert(item.value().unsafeGetTensorImpl());
+  std::vector<std::vector<torch::Tensor>> groups;
+  for (const auto& group : optimizer_->param_groups()) {
+    groups.push_back(group.params());
   }
-  // A parameter the optimizer steps but nobody averages would let the
-  // replicas drift apart silently.
-  for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
-    for (const auto& p : optimizer_->param_groups()[g].params()) {
-      TORCH_CHECK(
-          !p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
-          "ronde: the wrapped optimizer's param group ",
-          g,
-          " holds a parameter ",
-          p.scalar_type(),
-          p.sizes(),
-          " that is not among named_parameters; its gradient would "
-          "never be averaged");
-    }
-  }
+  check_param_groups_covered(named_parameters.values(), groups);
   reducer_ = std::make_unique<GradientReducer>(named_parameters, options_);
   lr_scale_factor_ = ronde::lr_scale_factor(
       options_.lr_scaling(),
@@ -644,6 +659,31 @@ DistributedOptimizer::DistributedOptimizer(
   for (size_t g = 0; g < base_lrs_.size(); ++g) {
     optimizer_->param_groups()[g].options().set_lr(
         base_lrs_[g] * lr_scale_factor_);
+  }
+}
+
+void check_param_groups_covered(
+    const std::vector<torch::Tensor>& parameters,
+    const std::vector<std::vector<torch::Tensor>>& param_groups) {
+  std::unordered_set<const void*> known;
+  for (const auto& p : parameters) {
+    if (p.requires_grad())
+      known.insert(p.unsafeGetTensorImpl());
+  }
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    for (const auto& p : param_groups[g]) {
+      TORCH_CHECK(
+          !p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
+          "ronde: rank ",
+          ronde::rank(),
+          ": the wrapped optimizer's param group ",
+          g,
+          " holds a parameter ",
+          p.scalar_type(),
+          p.sizes(),
+          " that is not among named_parameters; its gradient would "
+          "never be averaged");
+    }
   }
 }
 
