@@ -9,6 +9,10 @@
 #   scripts/dev.sh build     set up and build
 #   scripts/dev.sh bench     set up, build, run the benchmark report
 #                            (benchmarks/run_all.py; pass --quick for a smoke run)
+#   scripts/dev.sh sanitize address|thread [ctest args]
+#                            build the unit and multirank tests under
+#                            AddressSanitizer (+UBSan) or ThreadSanitizer in
+#                            build-asan/ or build-tsan/ and run them
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -87,6 +91,33 @@ run_tests() {
   ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS" "$@"
 }
 
+# Sanitizer runs: the CMake presets asan and tsan (CMakePresets.json), only
+# the unit and multirank tests. LibTorch is not instrumented; a false
+# positive from it would go in a suppressions file named through
+# ASAN_OPTIONS / TSAN_OPTIONS (none is needed today).
+sanitize() {
+  local kind=${1:-}
+  shift || true
+  local preset dir
+  case "$kind" in
+    address) preset=asan ;;
+    thread) preset=tsan ;;
+    *) echo "usage: scripts/dev.sh sanitize address|thread [ctest args]" >&2; exit 2 ;;
+  esac
+  dir=$ROOT/build-$preset
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    (cd "$ROOT" && cmake --preset "$preset" -DRONDE_PYTHON="$VENV/bin/python")
+  fi
+  cmake --build "$dir" -j "$JOBS" --target ronde_unit_tests ronderun_test \
+    ronde_multirank_tests ronde_test_worker
+  # A report fails the test: the process exits non-zero (ASan/UBSan at
+  # once, TSan at exit with every race it saw).
+  export ASAN_OPTIONS="detect_leaks=1:strict_init_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+  export TSAN_OPTIONS="second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@"
+}
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in
@@ -95,5 +126,6 @@ case "$cmd" in
   example) setup; build; run_example "$@" ;;
   test) setup; build; run_tests "$@" ;;
   bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
-  *) echo "usage: scripts/dev.sh {example|test|bench|setup|build} [args...]" >&2; exit 2 ;;
+  sanitize) setup; sanitize "$@" ;;
+  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|setup|build} [args...]" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
 // Coordinated checkpoints on 2 real ranks: a run killed with SIGKILL and
 // resumed ends bitwise equal to an uninterrupted run; torn and corrupt
-// files are skipped; a failed write is an error on every rank.
+// files are skipped; a failed write is an error on every rank; a writer
+// killed in the middle of a file costs only that checkpoint.
 #include "harness.h"
 
 #include <gtest/gtest.h>
@@ -185,6 +186,46 @@ TEST(Checkpoint, ARankKilledInsideBackwardFailsThePeerWithinTheTimeout) {
   EXPECT_LT(job.seconds, 60.0) << job.dump();
   // The checkpoint of step 8 is intact.
   EXPECT_EQ(files_in(root + "/run"), (std::vector<std::string>{ckpt(8)}));
+}
+
+TEST(Checkpoint, AWriterKilledMidFileLosesOnlyThatCheckpoint) {
+  auto root = ronde::testing::make_temp_dir();
+  auto straight = run_checkpoint(root + "/straight", 0, -1);
+  ASSERT_TRUE(straight.all_succeeded()) << straight.dump();
+  auto expected = params_of(straight);
+
+  // Rank 0 dies by SIGKILL with half of checkpoint 16's payload written.
+  const std::string dir = root + "/run";
+  auto spec = checkpoint_spec(dir, 8, "-1");
+  spec.env["RONDE_TEST_KILL_WRITING"] = ckpt(16) + ".tmp";
+  auto killed = run_job(spec);
+  ASSERT_FALSE(killed.timed_out) << killed.dump();
+  EXPECT_EQ(killed.ranks[0].signal, SIGKILL) << killed.dump();
+  EXPECT_NE(
+      killed.ranks[0].output.find("killed while writing a checkpoint"),
+      std::string::npos)
+      << killed.dump();
+  // Rank 1, waiting for the outcome of the save, fails within the timeout.
+  EXPECT_EQ(killed.ranks[1].exit_code, 4) << killed.dump();
+  EXPECT_NE(
+      killed.ranks[1].output.find("COMM_ERROR: ronde:"), std::string::npos)
+      << killed.dump();
+  EXPECT_LT(killed.seconds, 60.0) << killed.dump();
+  // The half-written file never took the checkpoint's name.
+  ASSERT_EQ(
+      files_in(dir), (std::vector<std::string>{ckpt(8), ckpt(16) + ".tmp"}));
+  struct stat st {};
+  ASSERT_EQ(stat((dir + "/" + ckpt(16) + ".tmp").c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 32);  // the header and part of the payload
+
+  // Resumed: from step 8, to the same parameters; the torn file is removed
+  // once a newer checkpoint is durable.
+  auto resumed = run_checkpoint(dir, 8, -1);
+  ASSERT_TRUE(resumed.all_succeeded()) << resumed.dump();
+  EXPECT_NE(resumed.ranks[1].output.find("restored step 8"), std::string::npos)
+      << resumed.dump();
+  EXPECT_EQ(params_of(resumed), expected) << resumed.dump();
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
 }
 
 TEST(Checkpoint, TwoJobsOnOneMachineDoNotInterfere) {

@@ -13,11 +13,46 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
+
+// A kill in the middle of a checkpoint write, for the fault tests. With
+// RONDE_TEST_KILL_WRITING=NAME in the environment, the second write(2) to a
+// file whose name ends with NAME (the checkpoint's payload, after its
+// header) writes half its bytes and then the process dies by SIGKILL. This
+// definition replaces libc's write for libronde too (the executable comes
+// first in the symbol lookup); unarmed, it only forwards.
+extern "C" ssize_t write(int fd, const void* buf, size_t n) {
+  using WriteFn = ssize_t (*)(int, const void*, size_t);
+  static WriteFn real = reinterpret_cast<WriteFn>(dlsym(RTLD_NEXT, "write"));
+  static const char* armed = std::getenv("RONDE_TEST_KILL_WRITING");
+  if (armed != nullptr && *armed != '\0' && fd > 2) {
+    char link[64];
+    char target[4096];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t len = readlink(link, target, sizeof target - 1);
+    const size_t want = std::strlen(armed);
+    if (len >= static_cast<ssize_t>(want) &&
+        std::memcmp(target + len - want, armed, want) == 0) {
+      static int writes = 0;
+      if (++writes == 2) {
+        real(fd, buf, n / 2);
+        static const char msg[] = "worker: killed while writing a checkpoint\n";
+        real(2, msg, sizeof msg - 1);
+        std::raise(SIGKILL);
+      }
+    }
+  }
+  return real(fd, buf, n);
+}
 
 namespace {
 

@@ -80,8 +80,8 @@ bool deepbind_enabled() {
   const char* v = std::getenv("RONDE_GLOO_DEEPBIND");
   if (v != nullptr)
     return std::strcmp(v, "0") != 0;
-#if defined(__SANITIZE_ADDRESS__)
-  // AddressSanitizer refuses RTLD_DEEPBIND; sanitizer builds keep LibTorch's
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizers refuse RTLD_DEEPBIND; sanitizer builds keep LibTorch's
   // Gloo out by link order instead (see CONTRIBUTING.md).
   return false;
 #else

@@ -151,7 +151,11 @@ void StallInspector::loop() {
       }
     } catch (const std::exception& e) {
       // The store is gone (rank 0 exited) or unreachable: nothing left to
-      // inspect; the collectives' own timeout still applies.
+      // inspect; the collectives' own timeout still applies. The thread
+      // still ends only when the destructor stops and joins it (never a
+      // finished thread nobody joins).
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_; });
       return;
     }
   }
