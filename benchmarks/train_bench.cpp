@@ -3,6 +3,10 @@
 // under ronderun. benchmarks/run_train.py runs every mode side by side with
 // PyTorch's DistributedDataParallel (ddp_train_bench.py, the same models).
 //   train_bench --workload mlp|cnn --mode local|ronde [--steps N] [--json F]
+//               [--device cpu|cuda] [--batch N] [--windows N]
+// On CUDA a step's time is a window of `steps` steps between two device
+// synchronizations, divided by `steps`; the median over --windows windows is
+// reported (tests/gpu/run_gpu_checks.sh runs local and ronde alternately).
 #include <ronde/ronde.h>
 
 #include <ATen/Parallel.h>
@@ -97,7 +101,9 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string workload = "mlp", mode = "local", json_path, compression = "none";
-  int steps = 10, warmup = 3;
+  std::string device_name = "cpu";
+  int steps = 10, warmup = 3, windows = 5;
+  int64_t batch_arg = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -115,9 +121,16 @@ int main(int argc, char** argv) {
       json_path = next();
     else if (a == "--compression")
       compression = next();
+    else if (a == "--device")
+      device_name = next();
+    else if (a == "--batch")
+      batch_arg = std::stoll(next());
+    else if (a == "--windows")
+      windows = std::stoi(next());
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
                    "[--steps N] [--warmup N] [--compression none|fp16|bf16] "
+                   "[--device cpu|cuda] [--batch N] [--windows N] "
                    "[--json FILE]\n";
       return 2;
     }
@@ -125,6 +138,14 @@ int main(int argc, char** argv) {
   TORCH_CHECK(
       workload == "mlp" || workload == "cnn", "unknown workload ", workload);
   TORCH_CHECK(mode == "local" || mode == "ronde", "unknown mode ", mode);
+  TORCH_CHECK(
+      device_name == "cpu" || device_name == "cuda",
+      "unknown device ",
+      device_name);
+  TORCH_CHECK(
+      device_name == "cpu" || torch::cuda::is_available(),
+      "--device cuda, but no CUDA device is available");
+  TORCH_CHECK(windows >= 1 && steps >= 1, "--steps and --windows must be >= 1");
   TORCH_CHECK(
       compression == "none" || compression == "fp16" || compression == "bf16",
       "unknown compression ",
@@ -139,6 +160,10 @@ int main(int argc, char** argv) {
   if (distributed)
     ronde::init();
   const int rank = distributed ? ronde::rank() : 0;
+  const torch::Device device = device_name == "cuda"
+      ? (distributed ? ronde::device() : torch::Device(torch::kCUDA, 0))
+      : torch::Device(torch::kCPU);
+  const bool cuda = device.is_cuda();
 
   std::shared_ptr<torch::nn::Module> model;
   std::function<torch::Tensor(torch::Tensor)> forward;
@@ -148,17 +173,20 @@ int main(int argc, char** argv) {
     auto m = make_mlp();
     model = m.ptr();
     forward = [m](torch::Tensor t) mutable { return m->forward(t); };
-    batch = 64;
+    batch = batch_arg > 0 ? batch_arg : 64;
     x = torch::randn({batch, 1024});
     y = torch::randint(0, 1000, {batch});
   } else {
     auto m = ResNet18();
     model = m.ptr();
     forward = [m](torch::Tensor t) mutable { return m->forward(t); };
-    batch = 32;
+    batch = batch_arg > 0 ? batch_arg : 32;
     x = torch::randn({batch, 3, 32, 32});
     y = torch::randint(0, 10, {batch});
   }
+  model->to(device);
+  x = x.to(device);
+  y = y.to(device);
   auto base = std::make_shared<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   std::unique_ptr<ronde::DistributedOptimizer> dopt;
@@ -172,7 +200,15 @@ int main(int argc, char** argv) {
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
-  for (int s = 0; s < warmup + steps; ++s) {
+  // On CUDA: `windows` windows of `steps` steps each, timed between device
+  // synchronizations; on the CPU every step is a sample.
+  const int total = warmup + steps * (cuda ? windows : 1);
+  auto window_start = std::chrono::steady_clock::now();
+  for (int s = 0; s < total; ++s) {
+    if (cuda && s >= warmup && (s - warmup) % steps == 0) {
+      torch::cuda::synchronize();
+      window_start = std::chrono::steady_clock::now();
+    }
     auto t0 = std::chrono::steady_clock::now();
     // Gradients stay allocated between steps (no set_to_none) in every mode
     // and in the DDP baseline alike: see benchmarks/README.md on allocator
@@ -185,6 +221,17 @@ int main(int argc, char** argv) {
     auto loss = torch::cross_entropy_loss(forward(x), y);
     loss.backward();
     opt->step();
+    if (cuda) {
+      if (s >= warmup && (s - warmup) % steps == steps - 1) {
+        torch::cuda::synchronize();
+        samples.push_back(
+            std::chrono::duration<double>(
+                std::chrono::steady_clock::now() - window_start)
+                .count() /
+            steps);
+      }
+      continue;
+    }
     double dt =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -211,10 +258,11 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "%s %s (compression %s): %d rank(s), median step %.1f ms, "
+        "%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "
         "%.1f samples/s, comm wait %.1f ms\n",
         workload.c_str(),
         mode.c_str(),
+        device_name.c_str(),
         compression.c_str(),
         world,
         step * 1e3,
@@ -223,7 +271,8 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       std::ofstream(json_path)
           << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
-          << "\",\"compression\":\"" << compression << "\",\"ranks\":" << world
+          << "\",\"device\":\"" << device_name << "\",\"compression\":\""
+          << compression << "\",\"ranks\":" << world
           << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
           << ",\"wait_s\":" << wait
           << ",\"samples_per_s\":" << world * batch / step

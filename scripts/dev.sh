@@ -13,6 +13,11 @@
 #                            build the unit and multirank tests under
 #                            AddressSanitizer (+UBSan) or ThreadSanitizer in
 #                            build-asan/ or build-tsan/ and run them
+#   scripts/dev.sh cuda      compile and link the NCCL path: a second venv
+#                            (.venv-cuda) with the CUDA build of torch, the
+#                            CUDA toolkit at /usr/local/cuda, build-gpu/;
+#                            runs the GPU suite, which skips without a GPU
+#                            (tests/gpu/run_gpu_checks.sh; about 5.5 GB)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,6 +25,10 @@ BUILD=${RONDE_BUILD_DIR:-$ROOT/build}
 VENV=${RONDE_VENV:-$ROOT/.venv}
 JOBS=${RONDE_JOBS:-2}
 TORCH_VERSION=2.13.0
+# The CUDA build of torch the NCCL path is compiled against (scripts/dev.sh
+# cuda); its wheel brings nccl.h and libnccl.
+CUDA_VENV=${RONDE_CUDA_VENV:-$ROOT/.venv-cuda}
+CUDA_TORCH_VERSION=2.14.1
 
 APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
   zlib1g-dev python3-dev dataset-fashion-mnist)
@@ -118,6 +127,27 @@ sanitize() {
   ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@"
 }
 
+cuda_check() {
+  if [ ! -x "$CUDA_VENV/bin/python" ]; then
+    log "creating the CUDA venv at $CUDA_VENV"
+    python3 -m venv "$CUDA_VENV"
+  fi
+  local have
+  have=$("$CUDA_VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+  if [[ "$have" != "$CUDA_TORCH_VERSION"* ]]; then
+    log "installing torch==$CUDA_TORCH_VERSION (CUDA) into $CUDA_VENV"
+    "$CUDA_VENV/bin/pip" install -q --disable-pip-version-check \
+      "torch==$CUDA_TORCH_VERSION"
+  fi
+  if [ -d /usr/local/cuda/bin ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+    export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  fi
+  "$ROOT/tests/gpu/run_gpu_checks.sh" --python "$CUDA_VENV/bin/python" \
+    --build "${RONDE_CUDA_BUILD_DIR:-$ROOT/build-gpu}" --jobs "$JOBS" \
+    --build-only "$@"
+}
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in
@@ -127,5 +157,6 @@ case "$cmd" in
   test) setup; build; run_tests "$@" ;;
   bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
   sanitize) setup; sanitize "$@" ;;
-  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|setup|build} [args...]" >&2; exit 2 ;;
+  cuda) setup; cuda_check "$@" ;;
+  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|cuda|setup|build} [args...]" >&2; exit 2 ;;
 esac

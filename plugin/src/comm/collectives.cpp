@@ -3,6 +3,13 @@
 // exchanges a small descriptor with every rank (op, dtype, shape, root, name
 // and any local error), so a mismatch fails on every rank with one message
 // instead of hanging; then it runs the collective on the backend.
+//
+// Device tensors: at submit the caller's stream gets a "ready" event; the job
+// runs its device work on the backend's stream (NCCL's own) or on a side
+// stream (staging copies for Gloo), after that event, and ends with a "done"
+// event that Handle::wait() orders the waiter's stream after. The caching
+// allocator learns of every cross-stream use (record_stream), so no buffer is
+// reused while the other stream may still touch it.
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
 #include <ronde/timeline.h>
@@ -12,6 +19,9 @@
 #include "runtime/runtime_state.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -20,6 +30,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 namespace ronde {
 
@@ -81,6 +92,9 @@ struct Descriptor {
   int32_t root = -1;
   int32_t ndim = -1;
   int64_t dims[kMaxDims] = {0};
+  // The backend serving the tensor when it is not the job's host backend
+  // (a CUDA tensor on NCCL); empty otherwise.
+  char backend[16] = {0};
   char name[128] = {0};
   char error[200] = {0};  // this rank's own complaint about its input
 };
@@ -124,6 +138,8 @@ std::string signature(const Descriptor& d) {
   }
   if (d.name[0] != '\0')
     os << " '" << d.name << "'";
+  if (d.backend[0] != '\0')
+    os << " on " << d.backend;
   return os.str();
 }
 
@@ -140,6 +156,9 @@ struct Call {
   std::string name;
   bool verify = true;
   Descriptor desc;
+  // The input, when it lives on a device: its device and the caller's
+  // stream there decide how the job orders its work (see the top).
+  at::Tensor anchor;
 };
 
 Descriptor describe(
@@ -154,6 +173,12 @@ Descriptor describe(
   d.op = op;
   d.root = root;
   copy_text(d.name, sizeof(d.name), name);
+  if (t.defined() && !t.is_cpu()) {
+    Communicator& comm = *runtime(to_string(kind)).comm;
+    const std::string via = comm.backend_for(t);
+    if (via != comm.backend())
+      copy_text(d.backend, sizeof(d.backend), via);
+  }
   if (kind != OpKind::Barrier) {
     if (!t.defined()) {
       error = "the tensor is undefined";
@@ -339,7 +364,31 @@ struct BlockingCall {
   }
 };
 
-Handle submit(Call call, Body body) {
+// Stream order between the caller and the job, for a call on device tensors.
+struct Fence {
+  c10::Stream caller;  // the submitting thread's current stream
+  c10::Event ready;    // recorded on it at submit
+};
+
+// The stream a host backend's staging copies run on, one per device. Only
+// the job that holds the communicator (one at a time) touches it.
+c10::Stream side_stream(c10::Device device) {
+  static std::unordered_map<c10::Device, c10::Stream> streams;
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    it = streams
+             .emplace(
+                 device,
+                 impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true))
+             .first;
+  }
+  return it->second;
+}
+
+// `uses` are tensors made on the caller's side that the job reads or
+// writes: on a device they are marked as used by the job's stream too.
+Handle submit(Call call, Body body, std::vector<at::Tensor> uses = {}) {
   const bool blocking = t_blocking_call;
   t_blocking_call = false;
   Runtime& rt = runtime(to_string(call.kind));
@@ -357,15 +406,51 @@ Handle submit(Call call, Body body) {
   const int64_t submitted_us = timeline_enabled() ? timeline_now_us() : -1;
   const OpKind what_kind = call.kind;
   const std::string what_name = call.name;
+  const std::string what = what_name.empty()
+      ? std::string(to_string(what_kind))
+      : std::string(to_string(what_kind)) + " '" + what_name + "'";
+  std::shared_ptr<Fence> fence;
+  if (call.anchor.defined()) {
+    const c10::Device device = call.anchor.device();
+    c10::impl::VirtualGuardImpl impl(device.type());
+    fence = std::make_shared<Fence>(
+        Fence{impl.getStream(device), c10::Event(device.type())});
+    fence->ready.record(fence->caller);
+  }
   return rt.worker->submit(
-      [call = std::move(call), body = std::move(body), submitted_us](
-          Communicator& comm, HandleState& state) {
+      [call = std::move(call),
+       body = std::move(body),
+       uses = std::move(uses),
+       fence,
+       what,
+       submitted_us](Communicator& comm, HandleState& state) {
         const int64_t start_us = submitted_us >= 0 ? timeline_now_us() : -1;
+        std::optional<c10::Stream> exec;
+        if (fence) {
+          guarded(comm, call, [&] { exec = comm.stream_for(call.anchor); });
+          if (!exec)
+            exec = side_stream(call.anchor.device());
+          fence->ready.block(*exec);
+        }
+        c10::OptionalStreamGuard on_exec(exec);
         std::vector<Descriptor> all;
         if (call.verify) {
           guarded(comm, call, [&] { all = exchange(comm, call.desc); });
         }
         body(comm, state, all, call);
+        if (fence) {
+          for (const auto& t : uses) {
+            if (t.defined() && !t.is_cpu())
+              t.record_stream(*exec);
+          }
+          // Made on the job's stream, handed to the caller's.
+          if (state.result.defined() && !state.result.is_cpu())
+            state.result.record_stream(fence->caller);
+          c10::Event done(exec->device_type());
+          done.record(*exec);
+          state.device = std::make_shared<DeviceWork>(std::move(done), what);
+          comm.watch(call.anchor, state.device);
+        }
         if (start_us >= 0) {
           int64_t bytes = 0;
           if (call.desc.dtype >= 0 && call.desc.ndim >= 0) {
@@ -386,9 +471,7 @@ Handle submit(Call call, Body body) {
         }
       },
       blocking,
-      what_name.empty()
-          ? std::string(to_string(what_kind))
-          : std::string(to_string(what_kind)) + " '" + what_name + "'");
+      what);
 }
 
 // Reduction shared by allreduce and reducescatter: scale, reduce, average.
@@ -418,7 +501,9 @@ Call make_call(
     int op,
     int root,
     std::string error) {
-  return Call{kind, name, verify, describe(kind, t, name, op, root, error)};
+  Descriptor d = describe(kind, t, name, op, root, error);
+  at::Tensor anchor = error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
+  return Call{kind, name, verify, d, anchor};
 }
 
 // The buffer a collective works in: in place, the caller's own storage when
@@ -454,7 +539,8 @@ Handle allreduce_impl(
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
-      });
+      },
+      {tensor, work});
 }
 
 Handle broadcast_impl(
@@ -482,7 +568,8 @@ Handle broadcast_impl(
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
-      });
+      },
+      {tensor, work});
 }
 
 int64_t row_bytes(const at::Tensor& t) {
@@ -562,7 +649,8 @@ Handle allgather_async(
             at::empty(detail::shape_with_dim0(in, rows), in.options());
         detail::guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
         state.result = out;
-      });
+      },
+      {in});
 }
 
 at::Tensor allgather(
@@ -666,7 +754,8 @@ Handle alltoall_async(
             comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
         state.result = out;
         state.splits = recv;
-      });
+      },
+      {in});
 }
 
 at::Tensor alltoall(const at::Tensor& tensor, const AlltoallOptions& options) {
@@ -711,7 +800,8 @@ Handle reducescatter_async(
         const int64_t start = me * base + std::min<int64_t>(me, extra);
         const int64_t count = base + (me < extra ? 1 : 0);
         state.result = work.narrow(0, start, count).clone();
-      });
+      },
+      {work});
 }
 
 at::Tensor reducescatter(

@@ -6,36 +6,102 @@
 #include <ronde/errors.h>
 #include <ronde/timeline.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
 namespace ronde {
+namespace {
+
+// RONDE_BLOCKING_WAIT=1: wait() on device work blocks the host until the
+// device finished it (and raises its failure in that call) instead of
+// ordering the caller's stream after it.
+bool blocking_wait() {
+  static const bool on = [] {
+    const char* v = std::getenv("RONDE_BLOCKING_WAIT");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+// Polls device work on the host until it finishes (true) or `deadline`
+// passes (false); a failure reported by the backend is rethrown.
+bool poll_device(
+    detail::DeviceWork& work,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
+  for (;;) {
+    if (work.query())
+      return true;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline)
+      return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
 
 Handle::Handle(std::shared_ptr<detail::HandleState> state)
     : state_(std::move(state)) {}
 
 bool Handle::done() const {
   TORCH_CHECK(state_ != nullptr, "ronde: done() on an empty Handle");
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->done;
+  std::shared_ptr<detail::DeviceWork> device;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->done)
+      return false;
+    if (state_->error)
+      return true;
+    device = state_->device;
+  }
+  if (!device)
+    return true;
+  try {
+    return device->query();
+  } catch (...) {
+    return true;  // finished, badly: wait() raises it
+  }
 }
 
 void Handle::wait() const {
   TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  state_->cv.wait(lock, [&] { return state_->done; });
-  if (state_->error)
-    std::rethrow_exception(state_->error);
+  std::shared_ptr<detail::DeviceWork> device;
+  {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->cv.wait(lock, [&] { return state_->done; });
+    if (state_->error)
+      std::rethrow_exception(state_->error);
+    device = state_->device;
+  }
+  if (!device)
+    return;
+  if (blocking_wait()) {
+    poll_device(*device, std::nullopt);  // the watchdog bounds it
+    return;
+  }
+  // Whatever this thread enqueues next on the device runs after the
+  // collective; the host goes on at once.
+  device->block_current();
 }
 
 bool Handle::wait(std::chrono::milliseconds timeout) const {
   TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
-    return false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::shared_ptr<detail::DeviceWork> device;
+  {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    if (!state_->cv.wait_until(lock, deadline, [&] { return state_->done; })) {
+      return false;
+    }
+    if (state_->error)
+      std::rethrow_exception(state_->error);
+    device = state_->device;
   }
-  if (state_->error)
-    std::rethrow_exception(state_->error);
-  return true;
+  // A bounded wait is a question about completion: answer it on the host.
+  return !device || poll_device(*device, deadline);
 }
 
 at::Tensor Handle::result() const {
@@ -49,6 +115,41 @@ std::vector<int64_t> Handle::received_splits() const {
 }
 
 namespace detail {
+
+bool DeviceWork::query() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_)
+      std::rethrow_exception(error_);
+  }
+  return done_.query();
+}
+
+void DeviceWork::block_current() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_)
+      std::rethrow_exception(error_);
+  }
+  const c10::Device device(done_.device_type(), done_.device_index());
+  c10::impl::VirtualGuardImpl impl(device.type());
+  done_.block(impl.getStream(device));
+}
+
+void DeviceWork::fail(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_)
+    error_ = std::move(error);
+}
+
+bool DeviceWork::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_ != nullptr;
+}
+
+bool DeviceWork::finished() const {
+  return done_.query();
+}
 
 void HandleState::finish(std::exception_ptr e) {
   {

@@ -20,6 +20,7 @@
 namespace ronde::detail {
 
 class Communicator;
+class DeviceWork;
 
 struct HandleState {
   std::mutex mutex;
@@ -28,6 +29,9 @@ struct HandleState {
   std::exception_ptr error;     // guarded by mutex; set before done
   at::Tensor result;            // written by the worker before done
   std::vector<int64_t> splits;  // alltoall's received splits, likewise
+  // Device work the job enqueued and may not have finished when `done` is
+  // set (written before done); null for work that finished on the host.
+  std::shared_ptr<DeviceWork> device;
 
   void finish(std::exception_ptr e);
 };

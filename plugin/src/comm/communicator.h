@@ -1,15 +1,24 @@
 // The one interface between ronde and a communication backend. Everything
-// outside comm/ talks to a Communicator; only comm/ knows Gloo (or, later,
-// NCCL) exists. Calls block and are made from the communication thread only.
+// outside comm/ talks to a Communicator; only comm/ knows that Gloo and NCCL
+// exist. Calls are made from the communication thread only. A host backend
+// (Gloo, one rank) is done with the tensors when a call returns; a device
+// backend (NCCL) only enqueues the work on its own stream (stream_for) and
+// watches it (watch) until it finishes or times out.
 #pragma once
 
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <chrono>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,10 +39,59 @@ struct BackendFailure : std::runtime_error {
   CommError::Kind kind;
 };
 
+// Device work of one collective, enqueued on a stream and not yet known to
+// be finished. The waiter orders its own stream after it (block) or polls it
+// (query); the backend's watchdog fails it when it does not finish in time.
+class DeviceWork {
+ public:
+  DeviceWork(c10::Event done, std::string what)
+      : done_(std::move(done)), what_(std::move(what)) {}
+  // True once the device finished the work; rethrows its failure.
+  bool query();
+  // Makes the calling thread's current stream on the work's device wait for
+  // the work, without blocking the host; rethrows a failure already known.
+  void block_current();
+  // Called by the backend when the work failed or timed out.
+  void fail(std::exception_ptr error);
+  bool failed() const;
+  // The event's state alone, never throwing: for the backend's watchdog.
+  bool finished() const;
+  const std::string& what() const {
+    return what_;
+  }
+
+ private:
+  c10::Event done_;
+  std::string what_;
+  mutable std::mutex mutex_;
+  std::exception_ptr error_;  // guarded by mutex_
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+  // The backend's name, for messages.
   virtual const char* backend() const = 0;
+  // The backend that serves `tensor` ("gloo", "nccl", "self"). Ranks must
+  // agree on it: it travels in the collective's descriptor.
+  virtual const char* backend_for(const at::Tensor& tensor) const {
+    (void)tensor;
+    return backend();
+  }
+  // The stream a device backend enqueues `tensor`'s work on; nullopt when a
+  // call has finished with the tensor by the time it returns.
+  virtual std::optional<c10::Stream> stream_for(const at::Tensor& tensor) {
+    (void)tensor;
+    return std::nullopt;
+  }
+  // Takes charge of device work for `tensor` that ends with work's event:
+  // a device backend fails it, and aborts itself, when it does not finish
+  // within the timeout. Host backends have nothing to watch.
+  virtual void watch(
+      const at::Tensor& tensor, const std::shared_ptr<DeviceWork>& work) {
+    (void)tensor;
+    (void)work;
+  }
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
@@ -60,12 +118,38 @@ class Communicator {
   virtual void interrupt() {}
 };
 
+// What the runtime knows when it connects a job.
+struct CommConfig {
+  c10::intrusive_ptr<c10d::Store> store;  // null for a job of one rank
+  std::string prefix;                     // this job's keys in the store
+  int rank = 0;
+  int size = 1;
+  std::string hostname;  // this rank's address for peers
+  std::chrono::milliseconds timeout{30000};
+  std::string host_algorithm;  // the CPU backend's all-reduce algorithm
+};
+
+// Checks what the backends need before the rendezvous (the Gloo module for
+// a job of several ranks), so that a broken installation fails on every rank
+// at once, not at a timeout. Throws c10::Error naming the problem.
+void load_backends(int size);
+
+// The job's communicator: CPU tensors to the host backend (Gloo; for one
+// rank, local copies), device tensors to the device backend (NCCL, when
+// built, connected on first use), chosen per tensor. RONDE_CUDA_BACKEND=gloo
+// sends CUDA tensors through the host backend instead. Throws BackendFailure
+// when the host backend cannot connect.
+std::unique_ptr<Communicator> make_communicator(const CommConfig& config);
+
+// Which backend serves CUDA tensors in this process, as configured
+// ("nccl", or "gloo" for the host backend through staging copies).
+std::string cuda_backend_choice();
+
 // A job of one rank: every collective is a local copy, no network.
 std::unique_ptr<Communicator> make_self_communicator();
 
 // Loads and checks the Gloo backend module; throws c10::Error naming the
-// problem. Cheap after the first call. init() calls it before the rendezvous
-// so a broken installation fails on every rank at once, not at a timeout.
+// problem. Cheap after the first call.
 void load_gloo_backend();
 
 // Connects to every other rank through the system Gloo, rendezvousing
@@ -78,5 +162,18 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     const std::string& hostname,
     std::chrono::milliseconds timeout,
     const std::string& algorithm);
+
+#ifdef RONDE_WITH_NCCL
+// The NCCL communicator of one CUDA device, connected through `store` under
+// `prefix` (or, for one rank, on its own). Collectives are enqueued on its
+// own stream; a watchdog aborts it when work outlives `timeout`.
+std::unique_ptr<Communicator> make_nccl_communicator(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    c10::Device device,
+    std::chrono::milliseconds timeout);
+#endif
 
 }  // namespace ronde::detail

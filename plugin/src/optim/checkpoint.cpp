@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
 
@@ -240,6 +241,53 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+// The generator of this rank's accelerator (ronde::device()), if it has one,
+// as a fixed-size record: 8 bytes of length, then the state (CUDA's is 16
+// bytes), so that ranks with and without a device gather alike.
+constexpr int64_t kDeviceRngRecord = 128;
+
+std::optional<c10::Device> rng_device() {
+  if (!is_initialized())
+    return std::nullopt;
+  c10::Device d = device();
+  if (d.is_cpu())
+    return std::nullopt;
+  return d;
+}
+
+at::Tensor device_rng_record() {
+  at::Tensor record = at::zeros({kDeviceRngRecord}, at::kByte);
+  auto d = rng_device();
+  if (!d)
+    return record;
+  auto gen = at::globalContext().defaultGenerator(*d);
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state().contiguous();
+  }
+  const int64_t n = state.numel() * state.element_size();
+  if (n > kDeviceRngRecord - 8)
+    return record;  // unknown layout: not saved rather than cut
+  std::memcpy(record.data_ptr(), &n, sizeof(n));
+  std::memcpy(record.data_ptr<uint8_t>() + 8, state.data_ptr(), n);
+  return record;
+}
+
+// False when the record is empty or this rank has no device.
+bool set_device_rng_record(const at::Tensor& record) {
+  auto d = rng_device();
+  int64_t n = 0;
+  std::memcpy(&n, record.data_ptr(), sizeof(n));
+  if (!d || n <= 0 || n > kDeviceRngRecord - 8)
+    return false;
+  at::Tensor state = record.narrow(0, 8, n).clone();
+  auto gen = at::globalContext().defaultGenerator(*d);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+  return true;
+}
+
 }  // namespace
 
 Checkpointer::Checkpointer(
@@ -408,8 +456,11 @@ void Checkpointer::save(int64_t step) {
   // Every rank's generator, so that a rank-specific random stream (dropout
   // seeded per rank) resumes where it was.
   auto rng = cpu_rng_state().unsqueeze(0);
+  auto rng_dev = device_rng_record().unsqueeze(0);
   if (distributed()) {
     rng = allgather(rng, CollectiveOptions().name("ronde.checkpoint.rng"));
+    rng_dev = allgather(
+        rng_dev, CollectiveOptions().name("ronde.checkpoint.rng_device"));
   }
   std::string error;
   if (my_rank() == 0) {
@@ -421,6 +472,7 @@ void Checkpointer::save(int64_t step) {
         archive.write(e.name, sub);
       }
       archive.write("ronde.rng_cpu", rng);
+      archive.write("ronde.rng_device", rng_dev);
       std::string payload;
       archive.save_to([&payload](const void* data, size_t n) {
         payload.append(static_cast<const char*>(data), n);
@@ -515,8 +567,13 @@ std::optional<int64_t> Checkpointer::restore() {
   at::Tensor rng;
   archive.read("ronde.rng_cpu", rng);
   const int64_t ranks = distributed() ? size() : 1;
+  // Written before device generators were saved: absent.
+  at::Tensor rng_dev;
+  const bool has_dev = archive.try_read("ronde.rng_device", rng_dev);
   if (rng.size(0) == ranks) {
     set_cpu_rng_state(rng[my_rank()].clone());  // its own storage
+    if (has_dev && rng_dev.size(0) == ranks)
+      set_device_rng_record(rng_dev[my_rank()].contiguous());
   } else if (my_rank() == 0) {
     std::cerr << "ronde: " << where << " was written by " << rng.size(0)
               << " ranks, this job has " << ranks

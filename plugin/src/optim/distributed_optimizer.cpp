@@ -378,7 +378,6 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     }
     if (s.passes < k)
       return;  // accumulate locally
-    pack(s);
     Bucket& b = buckets_[s.bucket];
     if (--b.pending == 0)
       launch_ready();
@@ -421,7 +420,6 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       if (s.passes == 0 && s.param.grad().defined() &&
           !buckets_[s.bucket].launched) {
         s.passes = k;
-        pack(s);
         --buckets_[s.bucket].pending;
       }
     }
@@ -443,25 +441,41 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       timeline_span("wait for all-reduces", "wait", wait_us, timeline_now_us());
     }
     torch::NoGradGuard no_grad;
+    const int64_t unpack_us = timeline_enabled() ? timeline_now_us() : -1;
+    std::vector<at::Tensor> dst, src;
     for (auto& b : buckets_) {
-      at::Tensor used = b.mask.to(at::kCPU, at::kFloat);
-      const float* u = used.data_ptr<float>();
+      // Whether a parameter was used on any rank is in the bucket's mask;
+      // reading it costs a device sync, so only a bucket with a parameter
+      // unused here reads it (used here means used).
+      bool all_used_here = true;
+      for (size_t slot : b.slots)
+        all_used_here = all_used_here && slots_[slot].passes > 0;
+      at::Tensor used;
+      if (!all_used_here)
+        used = b.mask.to(at::kCPU, at::kFloat);
       for (size_t pos = 0; pos < b.slots.size(); ++pos) {
         Slot& s = slots_[b.slots[pos]];
         // Unused on every rank: leave .grad as zero_grad() left it, as one
         // process would.
-        if (!(u[pos] > 0))
+        if (used.defined() && !(used.data_ptr<float>()[pos] > 0))
           continue;
         at::Tensor& grad = s.param.mutable_grad();
         if (options_.gradient_as_bucket_view()) {
           if (!grad.defined() || !grad.is_same(s.view))
             grad = s.view;
         } else if (grad.defined()) {
-          grad.copy_(s.view);
+          dst.push_back(grad);
+          src.push_back(s.view);
         } else {
           grad = s.view.clone();
         }
       }
+    }
+    // Unpacking into separate .grad tensors: one batched copy.
+    if (!dst.empty())
+      at::_foreach_copy_(dst, src);
+    if (unpack_us >= 0 && !dst.empty()) {
+      timeline_span("unpack", "unpack", unpack_us, timeline_now_us());
     }
     synchronized_ = true;
     verified_ = true;
@@ -542,19 +556,42 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::string name;
   };
 
-  // Moves a ready gradient into its bucket segment (a no-op when .grad
-  // already is that segment).
-  void pack(Slot& s) {
-    torch::NoGradGuard no_grad;
-    at::Tensor& grad = s.param.mutable_grad();
-    if (grad.defined() && grad.is_same(s.view))
-      return;
+  // Moves the bucket's gradients into their segments, all in one batched
+  // copy (a no-op for a .grad that already is its segment), and zeroes the
+  // segments of parameters that got no gradient here.
+  void pack(Bucket& b) {
     const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
-    s.view.copy_(grad);
-    if (options_.gradient_as_bucket_view())
-      grad = s.view;
-    if (t0 >= 0)
-      timeline_span("pack " + names_[s.index], "pack", t0, timeline_now_us());
+    std::vector<at::Tensor> dst, src, unused;
+    std::vector<Slot*> moved;
+    for (size_t slot : b.slots) {
+      Slot& s = slots_[slot];
+      at::Tensor& grad = s.param.mutable_grad();
+      if (s.passes == 0 || !grad.defined()) {
+        unused.push_back(s.view);  // contributes nothing, whatever it held
+        continue;
+      }
+      if (grad.is_same(s.view))
+        continue;
+      dst.push_back(s.view);
+      src.push_back(grad);
+      moved.push_back(&s);
+    }
+    if (!dst.empty())
+      at::_foreach_copy_(dst, src);
+    if (!unused.empty())
+      at::_foreach_zero_(unused);
+    if (options_.gradient_as_bucket_view()) {
+      for (Slot* s : moved)
+        s->param.mutable_grad() = s->view;
+    }
+    if (t0 >= 0 && !(dst.empty() && unused.empty())) {
+      timeline_span(
+          "pack " + b.name,
+          "pack",
+          t0,
+          timeline_now_us(),
+          "\"tensors\":" + std::to_string(dst.size()));
+    }
   }
 
   void launch_ready() {
@@ -567,17 +604,25 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void launch(size_t bi) {
     Bucket& b = buckets_[bi];
     torch::NoGradGuard no_grad;
+    pack(b);
+    // The used flags: kernels on a device (a copy from host memory would
+    // wait for the whole stream), one copy on the CPU.
     std::vector<float> used(b.slots.size());
+    bool all_used = true;
     for (size_t pos = 0; pos < b.slots.size(); ++pos) {
-      Slot& s = slots_[b.slots[pos]];
-      if (s.passes == 0) {
-        s.view.zero_();  // contributes nothing, whatever the buffer held
-      } else {
-        used[pos] = 1;
+      used[pos] = slots_[b.slots[pos]].passes > 0 ? 1.0f : 0.0f;
+      all_used = all_used && used[pos] > 0;
+    }
+    if (b.mask.is_cpu()) {
+      b.mask.copy_(at::from_blob(
+          used.data(), {static_cast<int64_t>(used.size())}, at::kFloat));
+    } else {
+      b.mask.fill_(1);
+      for (size_t pos = 0; pos < used.size() && !all_used; ++pos) {
+        if (used[pos] == 0)
+          b.mask.narrow(0, static_cast<int64_t>(pos), 1).zero_();
       }
     }
-    b.mask.copy_(at::from_blob(
-        used.data(), {static_cast<int64_t>(used.size())}, at::kFloat));
     const double f = options_.gradient_predivide_factor();
     double post = f;
     const int64_t k = options_.backward_passes_per_step();

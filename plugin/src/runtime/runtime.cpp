@@ -122,11 +122,16 @@ void check_identity(Runtime& rt) {
 
 void connect(Runtime& rt, const InitOptions& options) {
   const LaunchInfo& info = rt.info;
+  CommConfig config;
+  config.rank = info.rank;
+  config.size = info.size;
+  config.timeout = rt.timeout;
+  config.prefix = rt.key("");
+  load_backends(info.size);
   if (info.size == 1) {
-    rt.comm = make_self_communicator();
+    rt.comm = make_communicator(config);
     return;
   }
-  load_gloo_backend();
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.port);
   so.isServer = info.rank == 0 && !info.store_hosted;
@@ -145,17 +150,13 @@ void connect(Runtime& rt, const InitOptions& options) {
                     "store: ") +
             error_text(e));
   }
+  config.store = rt.store;
+  config.hostname = resolve_hostname(options, info);
+  config.host_algorithm = options.gloo_algorithm().empty()
+      ? env_or("RONDE_GLOO_ALGORITHM", "ring")
+      : options.gloo_algorithm();
   try {
-    rt.comm = make_gloo_communicator(
-        rt.store,
-        rt.key("gloo/"),
-        info.rank,
-        info.size,
-        resolve_hostname(options, info),
-        rt.timeout,
-        options.gloo_algorithm().empty()
-            ? env_or("RONDE_GLOO_ALGORITHM", "ring")
-            : options.gloo_algorithm());
+    rt.comm = make_communicator(config);
   } catch (const BackendFailure& e) {
     throw rendezvous_error(info, error_text(e));
   }

@@ -1,0 +1,552 @@
+// The NCCL backend: CUDA tensors, reduced by NCCL on a stream of its own.
+//
+// NCCL is used directly rather than through c10d::ProcessGroupNCCL: the
+// Communicator interface needs only "enqueue this on your stream" and
+// "tell me when it is late", and NCCL's C API gives exactly that and is
+// stable across releases, where ProcessGroupNCCL's C++ API changes with each
+// LibTorch release, brings a second watchdog and, by default, tears the
+// process down on a timeout. libnccl.so.2 is the same library LibTorch loads,
+// so there is no second copy to clash with (unlike Gloo, see DESIGN.md).
+//
+// The communicator runs in NCCL's non-blocking mode: every call returns at
+// once and is then polled, so that connecting, or an enqueue that waits for
+// peers, is bounded by the timeout and can be aborted. Enqueued work is
+// watched by a thread of its own: work that outlives the timeout, or an
+// asynchronous error NCCL reports (a peer gone), aborts the communicator;
+// the work fails, waiting kernels end, and every later call raises.
+#include "comm/communicator.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace ronde::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kChar:
+      return ncclInt8;
+    case at::kByte:
+      return ncclUint8;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    default:
+      TORCH_CHECK(
+          false,
+          "ronde: NCCL cannot reduce ",
+          c10::toString(t),
+          " tensors (the router sends them to the host backend)");
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Product:
+      return ncclProd;
+    case ReduceOp::Min:
+      return ncclMin;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Average:
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "Average reaches the backend as Sum");
+}
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& prefix,
+      int rank,
+      int size,
+      c10::Device device,
+      std::chrono::milliseconds timeout)
+      : rank_(rank),
+        size_(size),
+        device_(device),
+        timeout_(timeout),
+        stream_(c10::cuda::getStreamFromPool(
+            /*isHighPriority=*/true, device.index())) {
+    ncclUniqueId id;
+    const std::string key = prefix + "unique_id";
+    if (rank == 0) {
+      ncclResult_t r = ncclGetUniqueId(&id);
+      if (r != ncclSuccess)
+        throw failure(CommError::Kind::Rendezvous, "ncclGetUniqueId", r);
+      if (size > 1) {
+        const auto* p = reinterpret_cast<const uint8_t*>(&id);
+        store->set(key, std::vector<uint8_t>(p, p + sizeof(id)));
+      }
+    } else {
+      std::vector<uint8_t> bytes;
+      try {
+        store->wait({key}, timeout);
+        bytes = store->get(key);
+      } catch (const std::exception& e) {
+        throw BackendFailure(
+            CommError::Kind::Rendezvous,
+            std::string("nccl: rank ") + std::to_string(rank) +
+                " got no NCCL id from rank 0: " + e.what());
+      }
+      TORCH_INTERNAL_ASSERT(bytes.size() == sizeof(id));
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    c10::cuda::CUDAGuard guard(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
+    settle_locked(r, "connecting");
+    watchdog_ = std::thread([this] { watchdog(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable())
+      watchdog_.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (comm_ == nullptr)
+      return;
+    // Let enqueued work finish (bounded), then leave the clique cleanly.
+    c10::cuda::CUDAGuard guard(device_);
+    const auto deadline = Clock::now() + timeout_;
+    bool finished = false;
+    while (Clock::now() < deadline) {
+      cudaError_t e = cudaStreamQuery(stream_.stream());
+      if (e == cudaSuccess) {
+        finished = true;
+        break;
+      }
+      if (e != cudaErrorNotReady)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (finished) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      while (r == ncclInProgress && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ncclCommGetAsyncError(comm_, &r);
+      }
+      if (r == ncclSuccess) {
+        ncclCommDestroy(comm_);
+        comm_ = nullptr;
+        return;
+      }
+    }
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  const char* backend() const override {
+    return "nccl";
+  }
+  int rank() const override {
+    return rank_;
+  }
+  int size() const override {
+    return size_;
+  }
+
+  std::optional<c10::Stream> stream_for(const at::Tensor& t) override {
+    TORCH_INTERNAL_ASSERT(t.device() == device_);
+    return stream_.unwrap();
+  }
+
+  void watch(const at::Tensor&, const std::shared_ptr<DeviceWork>& work)
+      override {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      if (!failure_) {
+        inflight_.push_back(Watched{work, Clock::now() + timeout_});
+        watch_cv_.notify_all();
+        return;
+      }
+    }
+    // Already broken: the work cannot complete meaningfully.
+    work->fail(failure_exception("the NCCL communicator was aborted"));
+  }
+
+  void allreduce(const at::Tensor& t, ReduceOp op) override {
+    if (t.numel() == 0)
+      return;
+    const ncclDataType_t type = nccl_type(t.scalar_type());
+    enqueue("allreduce", [&] {
+      return ncclAllReduce(
+          t.data_ptr(),
+          t.data_ptr(),
+          static_cast<size_t>(t.numel()),
+          type,
+          nccl_op(op),
+          comm_,
+          stream_.stream());
+    });
+  }
+
+  void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>& bytes) override {
+    bool equal = true;
+    for (size_t b : bytes)
+      equal = equal && b == bytes[0];
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    if (equal) {
+      if (bytes[0] == 0)
+        return;
+      enqueue("allgather", [&] {
+        return ncclAllGather(
+            in.data_ptr(), dst, bytes[0], ncclUint8, comm_, stream_.stream());
+      });
+      return;
+    }
+    // Ragged: one broadcast per rank, grouped into one launch.
+    enqueue("allgather", [&] {
+      ncclResult_t r = ncclGroupStart();
+      size_t offset = 0;
+      for (int root = 0; root < size_ && r == ncclSuccess; ++root) {
+        if (bytes[root] > 0) {
+          r = ncclBroadcast(
+              in.data_ptr(),
+              dst + offset,
+              bytes[root],
+              ncclUint8,
+              root,
+              comm_,
+              stream_.stream());
+        }
+        offset += bytes[root];
+      }
+      ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
+
+  void broadcast(const at::Tensor& t, int root) override {
+    if (t.numel() == 0)
+      return;
+    enqueue("broadcast", [&] {
+      return ncclBroadcast(
+          t.data_ptr(),
+          t.data_ptr(),
+          t.numel() * t.element_size(),
+          ncclUint8,
+          root,
+          comm_,
+          stream_.stream());
+    });
+  }
+
+  void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>& send_bytes,
+      const at::Tensor& out,
+      const std::vector<int64_t>& recv_bytes) override {
+    const auto* src = static_cast<const uint8_t*>(in.data_ptr());
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    enqueue("alltoall", [&] {
+      ncclResult_t r = ncclGroupStart();
+      int64_t send_off = 0, recv_off = 0;
+      for (int peer = 0; peer < size_ && r == ncclSuccess; ++peer) {
+        if (send_bytes[peer] > 0) {
+          r = ncclSend(
+              src + send_off,
+              send_bytes[peer],
+              ncclUint8,
+              peer,
+              comm_,
+              stream_.stream());
+        }
+        if (r == ncclSuccess && recv_bytes[peer] > 0) {
+          r = ncclRecv(
+              dst + recv_off,
+              recv_bytes[peer],
+              ncclUint8,
+              peer,
+              comm_,
+              stream_.stream());
+        }
+        send_off += send_bytes[peer];
+        recv_off += recv_bytes[peer];
+      }
+      ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
+  }
+
+  // The router sends barriers to the host backend; this one is complete
+  // for its own sake: a one-element all-reduce, waited for on the host.
+  void barrier() override {
+    c10::cuda::CUDAGuard guard(device_);
+    c10::cuda::CUDAStreamGuard on_stream(stream_);
+    at::Tensor one = at::ones({1}, at::TensorOptions().device(device_));
+    allreduce(one, ReduceOp::Sum);
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(stream_.stream());
+      if (e == cudaSuccess)
+        return;
+      check_async();
+      if (e != cudaErrorNotReady || Clock::now() >= deadline) {
+        abort();
+        throw BackendFailure(
+            CommError::Kind::Timeout,
+            "nccl: barrier did not finish within " + seconds_text(timeout_));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  void abort() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_locked("aborted after a failure");
+  }
+
+  // From any thread: the communication thread may be inside a call, which
+  // then sees the request and aborts itself.
+  void interrupt() override {
+    abort_requested_ = true;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock())
+      abort_locked("interrupted: another rank gave up on this job");
+  }
+
+ private:
+  struct Watched {
+    std::shared_ptr<DeviceWork> work;
+    Clock::time_point deadline;
+  };
+
+  BackendFailure failure(
+      CommError::Kind kind, const std::string& what, ncclResult_t r) const {
+    std::string text = std::string("nccl: ") + what + " on rank " +
+        std::to_string(rank_) + " failed: " + ncclGetErrorString(r);
+    if (comm_ != nullptr) {
+      const char* last = ncclGetLastError(comm_);
+      if (last != nullptr && *last != '\0')
+        text += std::string(" (") + last + ")";
+    }
+    return BackendFailure(kind, text);
+  }
+
+  std::exception_ptr failure_exception(const std::string& why) const {
+    return std::make_exception_ptr(CommError(
+        CommError::Kind::Broken, "collective", "", rank_, {}, "nccl", why));
+  }
+
+  // Runs one NCCL call on this device, then polls it to completion of its
+  // enqueue. Throws BackendFailure once the communicator is unusable.
+  template <typename F>
+  void enqueue(const char* what, F&& call) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (abort_requested_ && comm_ != nullptr) {
+      failed_kind_ = requested_kind_;
+      abort_locked("an abort was requested while it was busy");
+    }
+    if (comm_ == nullptr) {
+      throw BackendFailure(
+          failed_kind_,
+          std::string("nccl: ") + what + " on an aborted communicator (" +
+              abort_reason_ + ")");
+    }
+    c10::cuda::CUDAGuard guard(device_);
+    settle_locked(call(), what);
+  }
+
+  // Non-blocking mode: a call may return ncclInProgress; poll until it is
+  // done, the timeout passes, or an abort is requested.
+  void settle_locked(ncclResult_t r, const char* what) {
+    const auto deadline = Clock::now() + timeout_;
+    while (r == ncclInProgress) {
+      if (abort_requested_) {
+        abort_locked("interrupted: another rank gave up on this job");
+        throw BackendFailure(
+            CommError::Kind::PeerFailure,
+            std::string("nccl: ") + what + " interrupted on rank " +
+                std::to_string(rank_));
+      }
+      if (Clock::now() >= deadline) {
+        abort_locked(std::string(what) + " timed out");
+        throw BackendFailure(
+            CommError::Kind::Timeout,
+            std::string("nccl: ") + what + " on rank " +
+                std::to_string(rank_) + " did not finish within " +
+                seconds_text(timeout_) + "; the NCCL communicator was aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
+      if (q != ncclSuccess)
+        r = q;
+    }
+    if (r != ncclSuccess) {
+      BackendFailure f = failure(
+          r == ncclRemoteError || r == ncclSystemError
+              ? CommError::Kind::PeerFailure
+              : CommError::Kind::Broken,
+          what,
+          r);
+      abort_locked(f.what());
+      throw f;
+    }
+  }
+
+  void abort_locked(const std::string& why) {
+    if (comm_ != nullptr) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      abort_reason_ = why;
+    }
+    fail_inflight(why);
+  }
+
+  void fail_inflight(const std::string& why) {
+    std::deque<Watched> failed;
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      if (!failure_)
+        failure_ = true;
+      failed.swap(inflight_);
+    }
+    for (auto& w : failed)
+      w.work->fail(failure_exception(why));
+  }
+
+  // Raises the error NCCL reports for work already enqueued, if any.
+  void check_async() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (comm_ == nullptr)
+      return;
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess &&
+        (r == ncclSuccess || r == ncclInProgress)) {
+      return;
+    }
+    BackendFailure f =
+        failure(CommError::Kind::PeerFailure, "asynchronous work", r);
+    failed_kind_ = CommError::Kind::PeerFailure;
+    abort_locked(f.what());
+    throw f;
+  }
+
+  // Retires finished work; fails and aborts on the first late or failed one.
+  void watchdog() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      while (!inflight_.empty() && inflight_.front().work->finished())
+        inflight_.pop_front();
+      std::string why;
+      CommError::Kind kind = CommError::Kind::Timeout;
+      if (!inflight_.empty() && Clock::now() >= inflight_.front().deadline) {
+        why = "'" + inflight_.front().work->what() + "' on rank " +
+            std::to_string(rank_) + " did not finish within " +
+            seconds_text(timeout_);
+      }
+      lock.unlock();
+      if (why.empty()) {
+        try {
+          check_async();
+        } catch (const BackendFailure& e) {
+          why = e.what();
+          kind = CommError::Kind::PeerFailure;
+        }
+      }
+      if (!why.empty()) {
+        std::cerr << "ronde: rank " << rank_ << ": nccl: " << why
+                  << "; aborting the NCCL communicator" << std::endl;
+        // The communication thread may be inside a call: then it aborts.
+        requested_kind_ = kind;
+        abort_requested_ = true;
+        {
+          std::unique_lock<std::mutex> comm_lock(mutex_, std::try_to_lock);
+          if (comm_lock.owns_lock()) {
+            failed_kind_ = kind;
+            abort_locked(why);
+          } else {
+            fail_inflight(why);
+          }
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  const int rank_;
+  const int size_;
+  const c10::Device device_;
+  const std::chrono::milliseconds timeout_;
+  const c10::cuda::CUDAStream stream_;
+
+  // Guards the NCCL communicator: calls into it are made under it.
+  std::mutex mutex_;
+  ncclComm_t comm_ = nullptr;
+  std::string abort_reason_;                             // guarded by mutex_
+  CommError::Kind failed_kind_ = CommError::Kind::Broken;  // likewise
+  std::atomic<bool> abort_requested_{false};
+  std::atomic<CommError::Kind> requested_kind_{CommError::Kind::PeerFailure};
+
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  std::deque<Watched> inflight_;  // guarded by watch_mutex_, in order
+  bool failure_ = false;          // likewise
+  bool stopping_ = false;         // likewise
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    c10::Device device,
+    std::chrono::milliseconds timeout) {
+  TORCH_CHECK(
+      device.is_cuda() && device.has_index(),
+      "ronde: the NCCL backend needs a CUDA device with an index, got ",
+      device);
+  return std::make_unique<NcclCommunicator>(
+      store, prefix, rank, size, device, timeout);
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,169 @@
+// The job's communicator as the rest of ronde sees it: each call goes to the
+// backend for its tensor. CPU tensors (and CUDA tensors where NCCL is not
+// built, or not wanted) go to the host backend: Gloo, or local copies for a
+// job of one rank. CUDA tensors go to NCCL, one communicator per device,
+// connected the first time a collective needs it: every rank runs the same
+// sequence of collectives, so every rank connects at the same point of it,
+// and a job that never puts a tensor on the GPU never starts CUDA or NCCL.
+#include "comm/communicator.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+namespace ronde::detail {
+namespace {
+
+#ifdef RONDE_WITH_NCCL
+constexpr bool kNcclBuilt = true;
+#else
+constexpr bool kNcclBuilt = false;
+#endif
+
+class RoutingCommunicator final : public Communicator {
+ public:
+  RoutingCommunicator(
+      CommConfig config, std::unique_ptr<Communicator> host, bool nccl)
+      : config_(std::move(config)), host_(std::move(host)), nccl_(nccl) {}
+
+  const char* backend() const override {
+    return host_->backend();
+  }
+  const char* backend_for(const at::Tensor& t) const override {
+    return on_device(t) ? "nccl" : host_->backend();
+  }
+  int rank() const override {
+    return host_->rank();
+  }
+  int size() const override {
+    return host_->size();
+  }
+
+  std::optional<c10::Stream> stream_for(const at::Tensor& t) override {
+    return route(t).stream_for(t);
+  }
+  void watch(const at::Tensor& t, const std::shared_ptr<DeviceWork>& work)
+      override {
+    route(t).watch(t, work);
+  }
+
+  void allreduce(const at::Tensor& t, ReduceOp op) override {
+    route(t).allreduce(t, op);
+  }
+  void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>& bytes) override {
+    route(in).allgather(in, out, bytes);
+  }
+  void broadcast(const at::Tensor& t, int root) override {
+    route(t).broadcast(t, root);
+  }
+  void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>& send_bytes,
+      const at::Tensor& out,
+      const std::vector<int64_t>& recv_bytes) override {
+    route(in).alltoall(in, send_bytes, out, recv_bytes);
+  }
+  void barrier() override {
+    host_->barrier();
+  }
+  void abort() override {
+    host_->abort();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [_, c] : devices_)
+      c->abort();
+  }
+  void interrupt() override {
+    host_->interrupt();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [_, c] : devices_)
+      c->interrupt();
+  }
+
+ private:
+  // NCCL reduces every dtype ronde accepts except int16.
+  bool on_device(const at::Tensor& t) const {
+    return nccl_ && t.defined() && t.is_cuda() &&
+        t.scalar_type() != at::kShort;
+  }
+
+  Communicator& route(const at::Tensor& t) {
+    if (!on_device(t))
+      return *host_;
+    const c10::Device device = t.device();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = devices_.find(device.index());
+    if (it != devices_.end())
+      return *it->second;
+#ifdef RONDE_WITH_NCCL
+    auto comm = make_nccl_communicator(
+        config_.store,
+        config_.prefix + "nccl/" + std::to_string(devices_.size()) + "/",
+        config_.rank,
+        config_.size,
+        device,
+        config_.timeout);
+    return *devices_.emplace(device.index(), std::move(comm)).first->second;
+#else
+    TORCH_INTERNAL_ASSERT(false, "NCCL routing in a build without NCCL");
+#endif
+  }
+
+  const CommConfig config_;
+  std::unique_ptr<Communicator> host_;
+  const bool nccl_;
+  // Inserted by the communication thread, walked by interrupt() from any.
+  std::mutex mutex_;
+  std::map<c10::DeviceIndex, std::unique_ptr<Communicator>> devices_;
+};
+
+}  // namespace
+
+std::string cuda_backend_choice() {
+  const char* v = std::getenv("RONDE_CUDA_BACKEND");
+  const std::string want = v ? v : "";
+  if (want.empty())
+    return kNcclBuilt ? "nccl" : "gloo";
+  TORCH_CHECK(
+      want == "nccl" || want == "gloo",
+      "ronde: RONDE_CUDA_BACKEND must be 'nccl' or 'gloo', not '",
+      want,
+      "'");
+  TORCH_CHECK(
+      want != "nccl" || kNcclBuilt,
+      "ronde: RONDE_CUDA_BACKEND=nccl, but this ronde was built without "
+      "NCCL (configure with -DRONDE_WITH_NCCL=ON against a CUDA LibTorch)");
+  return want;
+}
+
+void load_backends(int size) {
+  cuda_backend_choice();  // a bad setting fails before the rendezvous
+  if (size > 1)
+    load_gloo_backend();
+}
+
+std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
+  std::unique_ptr<Communicator> host;
+  if (config.size == 1) {
+    host = make_self_communicator();
+  } else {
+    host = make_gloo_communicator(
+        config.store,
+        config.prefix + "gloo/",
+        config.rank,
+        config.size,
+        config.hostname,
+        config.timeout,
+        config.host_algorithm);
+  }
+  return std::make_unique<RoutingCommunicator>(
+      config, std::move(host), cuda_backend_choice() == "nccl");
+}
+
+}  // namespace ronde::detail
