@@ -56,18 +56,23 @@ setup_apt() {
   fi
 }
 
+# A venv at $1 with torch==$2 (pinned: a looser spec pulls another build).
+ensure_torch_venv() {
+  local venv=$1 version=$2 have
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating the venv at $venv"
+    python3 -m venv "$venv"
+  fi
+  have=$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+  if [[ "$have" != "$version"* ]]; then
+    log "installing torch==$version into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "torch==$version"
+  fi
+}
+
 setup_venv() {
-  if [ ! -x "$VENV/bin/python" ]; then
-    log "creating the venv at $VENV"
-    python3 -m venv "$VENV"
-  fi
-  local have
-  have=$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
-  if [[ "$have" != "$TORCH_VERSION"* ]]; then
-    # Pinned: the CPU build of this release; a looser spec pulls a CUDA build.
-    log "installing torch==$TORCH_VERSION into the venv"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
-  fi
+  # The CPU build of this release.
+  ensure_torch_venv "$VENV" "$TORCH_VERSION"
   # matplotlib: the benchmark report's figures (benchmarks/run_all.py).
   if ! "$VENV/bin/python" -c 'import numpy, matplotlib' >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --disable-pip-version-check numpy matplotlib
@@ -128,17 +133,7 @@ sanitize() {
 }
 
 cuda_check() {
-  if [ ! -x "$CUDA_VENV/bin/python" ]; then
-    log "creating the CUDA venv at $CUDA_VENV"
-    python3 -m venv "$CUDA_VENV"
-  fi
-  local have
-  have=$("$CUDA_VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
-  if [[ "$have" != "$CUDA_TORCH_VERSION"* ]]; then
-    log "installing torch==$CUDA_TORCH_VERSION (CUDA) into $CUDA_VENV"
-    "$CUDA_VENV/bin/pip" install -q --disable-pip-version-check \
-      "torch==$CUDA_TORCH_VERSION"
-  fi
+  ensure_torch_venv "$CUDA_VENV" "$CUDA_TORCH_VERSION"
   if [ -d /usr/local/cuda/bin ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
     export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

@@ -7,6 +7,7 @@
 //              amp fp16|bf16 | timeout | checkpoint_rng DIR
 #include <ronde/ronde.h>
 
+#include "test_net.h"
 #include "worker_checks.h"
 
 #include <ATen/cuda/Sleep.h>
@@ -183,24 +184,7 @@ int scenario_stream_order() {
   return ronde::testing::scenario_exit_code();
 }
 
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(bool use_extra) : use_extra_(use_extra) {
-    fc1 = register_module("fc1", torch::nn::Linear(32, 64));
-    fc2 = register_module("fc2", torch::nn::Linear(64, 64));
-    extra = register_module("extra", torch::nn::Linear(64, 64));
-    fc3 = register_module("fc3", torch::nn::Linear(64, 8));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::tanh(fc1->forward(x));
-    x = torch::tanh(fc2->forward(x));
-    if (use_extra_)
-      x = torch::tanh(extra->forward(x));
-    return fc3->forward(x);
-  }
-  bool use_extra_;
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, extra{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using ronde::testing::Net;
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<torch::Tensor> params) {
@@ -229,7 +213,7 @@ int scenario_optim(const std::string& opt_name, const std::string& variant) {
   auto Y = torch::randn({steps * k * n * per_rank, 8}, torch::kDouble).to(dev);
   auto make = [&] {
     torch::manual_seed(42);
-    Net net(/*use_extra=*/variant != "unused");
+    Net net(32, 64, 8, /*use_extra=*/variant != "unused");
     net->to(dev, torch::kDouble);
     return net;
   };

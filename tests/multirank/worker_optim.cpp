@@ -4,6 +4,7 @@
 // the same program, and compares the parameters after 20 steps.
 #include <ronde/ronde.h>
 
+#include "test_net.h"
 #include "worker_checks.h"
 
 #include <torch/torch.h>
@@ -17,28 +18,11 @@ namespace {
 
 using ronde::testing::expect_error;
 
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(bool use_extra) : use_extra_(use_extra) {
-    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 16));
-    extra = register_module("extra", torch::nn::Linear(16, 16));
-    fc3 = register_module("fc3", torch::nn::Linear(16, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::tanh(fc1->forward(x));
-    x = torch::tanh(fc2->forward(x));
-    if (use_extra_)
-      x = torch::tanh(extra->forward(x));
-    return fc3->forward(x);
-  }
-  bool use_extra_;
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, extra{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Net);
+using ronde::testing::Net;
 
 Net make_net(bool use_extra) {
   torch::manual_seed(42);
-  Net net(use_extra);
+  Net net(8, 16, 4, use_extra);
   net->to(torch::kDouble);
   return net;
 }

@@ -22,6 +22,7 @@ def job():
 def test_one_rank():
     assert (rt.rank(), rt.size(), rt.local_rank()) == (0, 1, 0)
     assert issubclass(rt.CommError, RuntimeError)
+    assert isinstance(rt.nccl_built(), bool)
 
 
 def test_warmup_scheduler_is_the_cpp_schedule():

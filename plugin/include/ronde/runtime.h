@@ -47,4 +47,8 @@ double timeout_seconds();
 // cuda:<local_rank mod device count> when LibTorch has CUDA devices, else CPU.
 c10::Device device();
 
+// Whether this ronde was built with the NCCL backend (RONDE_WITH_NCCL): CUDA
+// tensors then go to NCCL unless RONDE_CUDA_BACKEND=gloo. Needs no init().
+bool nccl_built();
+
 }  // namespace ronde

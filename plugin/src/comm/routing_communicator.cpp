@@ -7,6 +7,8 @@
 // and a job that never puts a tensor on the GPU never starts CUDA or NCCL.
 #include "comm/communicator.h"
 
+#include <ronde/runtime.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -167,3 +169,7 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
 }
 
 }  // namespace ronde::detail
+
+bool ronde::nccl_built() {
+  return ronde::detail::kNcclBuilt;
+}

@@ -58,6 +58,7 @@ from ._C import (  # noqa: F401  (re-exported)
     local_rank,
     local_size,
     lr_scale_factor,
+    nccl_built,
     rank,
     reducescatter,
     reducescatter_async,
