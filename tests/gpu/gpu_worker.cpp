@@ -114,7 +114,9 @@ int scenario_collectives() {
     }
     CHECK_W(torch::equal(got.cpu(), want_a2a), what, " alltoall");
     // Reducescatter of n * 2 rows: this rank's two rows, summed.
-    auto rs = ronde::reducescatter(torch::full({n * 2, 4}, r + 1, opts));
+    auto rs = ronde::reducescatter(
+        torch::full({n * 2, 4}, r + 1, opts),
+        ronde::ReducescatterOptions().op(ronde::ReduceOp::Sum));
     CHECK_W(
         torch::equal(rs.cpu(), torch::full({2, 4}, n * (n + 1) / 2, dtype)),
         what,
@@ -157,7 +159,8 @@ int scenario_stream_order() {
     auto x = torch::zeros({1 << 20}, torch::TensorOptions().device(dev));
     at::cuda::sleep(static_cast<int64_t>(per_ms * 300));  // 300 ms busy
     x.fill_(r + 1 + round);  // only after the sleep
-    auto h = ronde::allreduce_async_(x, ronde::AllreduceOptions().name("x"));
+    auto h = ronde::allreduce_async_(
+        x, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).name("x"));
     h.wait();
     // Work queued after wait() runs after the collective...
     at::cuda::sleep(static_cast<int64_t>(per_ms * 300));
@@ -238,11 +241,11 @@ int scenario_optim(const std::string& opt_name, const std::string& variant) {
       auto xs = X.narrow(0, row, n * per_rank);
       auto ys = Y.narrow(0, row, n * per_rank);
       row += n * per_rank;
-      // Mean over the global batch, averaged over passes.
+      // The mean over every micro-batch: the engine averages over ranks
+      // and, with k passes, divides by k; the reference does it by hand.
       torch::mse_loss(
           model->forward(xs.narrow(0, r * per_rank, per_rank)),
           ys.narrow(0, r * per_rank, per_rank))
-          .div(k)
           .backward();
       torch::mse_loss(ref->forward(xs), ys).div(k).backward();
     }
