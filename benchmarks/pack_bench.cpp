@@ -32,7 +32,7 @@ double timed(const torch::Device& device, int iters, F&& fn) {
     torch::cuda::synchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
              .count() /
-      iters;
+         iters;
 }
 
 }  // namespace
@@ -76,8 +76,16 @@ int main(int argc, char** argv) {
   // matrices, many vectors (biases, norms), until the bucket is full.
   const int64_t total = static_cast<int64_t>(mb * (1 << 20) / 4);
   const int64_t shapes[][2] = {
-      {1024, 1024}, {1024, 1}, {4096, 1024}, {4096, 1}, {1024, 4096},
-      {1024, 1},    {1024, 1}, {1024, 1},    {64, 576}, {64, 1}};
+      {1024, 1024},
+      {1024, 1},
+      {4096, 1024},
+      {4096, 1},
+      {1024, 4096},
+      {1024, 1},
+      {1024, 1},
+      {1024, 1},
+      {64, 576},
+      {64, 1}};
   std::vector<torch::Tensor> grads;
   int64_t used = 0;
   for (size_t i = 0; used < total; ++i) {

@@ -18,8 +18,8 @@ namespace {
 
 JobSpec gpu_spec(
     std::vector<std::string> args, int np, const std::string& backend) {
-  JobSpec spec = ronde::testing::worker_spec(
-      std::move(args), np, RONDE_GPU_WORKER);
+  JobSpec spec =
+      ronde::testing::worker_spec(std::move(args), np, RONDE_GPU_WORKER);
   spec.env["RONDE_CUDA_BACKEND"] = backend;
   spec.timeout = std::chrono::seconds(240);
   return spec;
@@ -33,19 +33,20 @@ bool have_gpu() {
   return yes;
 }
 
-#define REQUIRE_GPU()                            \
-  do {                                           \
-    if (!have_gpu())                             \
-      GTEST_SKIP() << "no CUDA device here";     \
+#define REQUIRE_GPU()                        \
+  do {                                       \
+    if (!have_gpu())                         \
+      GTEST_SKIP() << "no CUDA device here"; \
   } while (0)
 
 // NCCL at one rank, Gloo at two.
 using Backend = std::tuple<std::string, int>;
 std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
-  return std::get<0>(info.param) + "_np" + std::to_string(std::get<1>(info.param));
+  return std::get<0>(info.param) + "_np" +
+         std::to_string(std::get<1>(info.param));
 }
-const auto kBackends = ::testing::Values(
-    Backend{"nccl", 1}, Backend{"gloo", 2});
+const auto kBackends =
+    ::testing::Values(Backend{"nccl", 1}, Backend{"gloo", 2});
 
 class GpuCollectives : public ::testing::TestWithParam<Backend> {};
 
@@ -77,8 +78,8 @@ TEST_P(GpuOptimizer, MatchesOneProcessOnTheGlobalBatch) {
 
 std::string optim_name(const ::testing::TestParamInfo<OptimCase>& info) {
   return std::get<0>(info.param) + "_np" +
-      std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param) +
-      "_" + std::get<3>(info.param);
+         std::to_string(std::get<1>(info.param)) + "_" +
+         std::get<2>(info.param) + "_" + std::get<3>(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -88,8 +89,7 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values("nccl"),
         ::testing::Values(1),
         ::testing::Values("sgd", "adam"),
-        ::testing::Values(
-            "plain", "bpps2", "unused", "copy", "smallbuckets")),
+        ::testing::Values("plain", "bpps2", "unused", "copy", "smallbuckets")),
     optim_name);
 INSTANTIATE_TEST_SUITE_P(
     Gloo,
@@ -128,8 +128,8 @@ INSTANTIATE_TEST_SUITE_P(
         AmpCase{"gloo", 2, "bf16"}),
     [](const ::testing::TestParamInfo<AmpCase>& info) {
       return std::get<0>(info.param) + "_np" +
-          std::to_string(std::get<1>(info.param)) + "_" +
-          std::get<2>(info.param);
+             std::to_string(std::get<1>(info.param)) + "_" +
+             std::get<2>(info.param);
     });
 
 class GpuTimeout : public ::testing::TestWithParam<std::string> {};
@@ -141,20 +141,19 @@ TEST_P(GpuTimeout, AbortsTheNcclCommunicatorAndRaises) {
   spec.env["RONDE_BLOCKING_WAIT"] = GetParam() == "blocking" ? "1" : "0";
   JobResult r = run_job(spec);
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
-  EXPECT_NE(r.ranks[0].output.find("aborting the NCCL communicator"),
-            std::string::npos)
+  EXPECT_NE(
+      r.ranks[0].output.find("aborting the NCCL communicator"),
+      std::string::npos)
       << r.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    WaitModes,
-    GpuTimeout,
-    ::testing::Values("blocking", "ordered"));
+    WaitModes, GpuTimeout, ::testing::Values("blocking", "ordered"));
 
 TEST(GpuCheckpoint, RestoresTheDeviceGenerator) {
   REQUIRE_GPU();
-  JobResult r = run_job(gpu_spec(
-      {"checkpoint_rng", ronde::testing::make_temp_dir()}, 1, "nccl"));
+  JobResult r = run_job(
+      gpu_spec({"checkpoint_rng", ronde::testing::make_temp_dir()}, 1, "nccl"));
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 

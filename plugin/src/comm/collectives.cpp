@@ -425,6 +425,12 @@ Handle submit(Call call, Body body, std::vector<at::Tensor> uses = {}) {
        what,
        submitted_us](Communicator& comm, HandleState& state) {
         const int64_t start_us = submitted_us >= 0 ? timeline_now_us() : -1;
+        // The exchange first (host memory only): ranks that disagree, on
+        // the backend too, learn it before a device backend connects.
+        std::vector<Descriptor> all;
+        if (call.verify) {
+          guarded(comm, call, [&] { all = exchange(comm, call.desc); });
+        }
         std::optional<c10::Stream> exec;
         if (fence) {
           guarded(comm, call, [&] { exec = comm.stream_for(call.anchor); });
@@ -433,10 +439,6 @@ Handle submit(Call call, Body body, std::vector<at::Tensor> uses = {}) {
           fence->ready.block(*exec);
         }
         c10::OptionalStreamGuard on_exec(exec);
-        std::vector<Descriptor> all;
-        if (call.verify) {
-          guarded(comm, call, [&] { all = exchange(comm, call.desc); });
-        }
         body(comm, state, all, call);
         if (fence) {
           for (const auto& t : uses) {
@@ -502,7 +504,8 @@ Call make_call(
     int root,
     std::string error) {
   Descriptor d = describe(kind, t, name, op, root, error);
-  at::Tensor anchor = error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
+  at::Tensor anchor =
+      error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
   return Call{kind, name, verify, d, anchor};
 }
 

@@ -192,8 +192,8 @@ class NcclCommunicator final : public Communicator {
     return stream_.unwrap();
   }
 
-  void watch(const at::Tensor&, const std::shared_ptr<DeviceWork>& work)
-      override {
+  void watch(
+      const at::Tensor&, const std::shared_ptr<DeviceWork>& work) override {
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
       if (!failure_) {
@@ -359,7 +359,8 @@ class NcclCommunicator final : public Communicator {
   BackendFailure failure(
       CommError::Kind kind, const std::string& what, ncclResult_t r) const {
     std::string text = std::string("nccl: ") + what + " on rank " +
-        std::to_string(rank_) + " failed: " + ncclGetErrorString(r);
+                       std::to_string(rank_) +
+                       " failed: " + ncclGetErrorString(r);
     if (comm_ != nullptr) {
       const char* last = ncclGetLastError(comm_);
       if (last != nullptr && *last != '\0')
@@ -408,9 +409,9 @@ class NcclCommunicator final : public Communicator {
         abort_locked(std::string(what) + " timed out");
         throw BackendFailure(
             CommError::Kind::Timeout,
-            std::string("nccl: ") + what + " on rank " +
-                std::to_string(rank_) + " did not finish within " +
-                seconds_text(timeout_) + "; the NCCL communicator was aborted");
+            std::string("nccl: ") + what + " on rank " + std::to_string(rank_) +
+                " did not finish within " + seconds_text(timeout_) +
+                "; the NCCL communicator was aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
       ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
@@ -478,8 +479,8 @@ class NcclCommunicator final : public Communicator {
       CommError::Kind kind = CommError::Kind::Timeout;
       if (!inflight_.empty() && Clock::now() >= inflight_.front().deadline) {
         why = "'" + inflight_.front().work->what() + "' on rank " +
-            std::to_string(rank_) + " did not finish within " +
-            seconds_text(timeout_);
+              std::to_string(rank_) + " did not finish within " +
+              seconds_text(timeout_);
       }
       lock.unlock();
       if (why.empty()) {
@@ -519,7 +520,7 @@ class NcclCommunicator final : public Communicator {
   // Guards the NCCL communicator: calls into it are made under it.
   std::mutex mutex_;
   ncclComm_t comm_ = nullptr;
-  std::string abort_reason_;                             // guarded by mutex_
+  std::string abort_reason_;                               // guarded by mutex_
   CommError::Kind failed_kind_ = CommError::Kind::Broken;  // likewise
   std::atomic<bool> abort_requested_{false};
   std::atomic<CommError::Kind> requested_kind_{CommError::Kind::PeerFailure};

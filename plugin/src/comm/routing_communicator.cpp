@@ -48,8 +48,8 @@ class RoutingCommunicator final : public Communicator {
   std::optional<c10::Stream> stream_for(const at::Tensor& t) override {
     return route(t).stream_for(t);
   }
-  void watch(const at::Tensor& t, const std::shared_ptr<DeviceWork>& work)
-      override {
+  void watch(
+      const at::Tensor& t, const std::shared_ptr<DeviceWork>& work) override {
     route(t).watch(t, work);
   }
 
@@ -91,8 +91,7 @@ class RoutingCommunicator final : public Communicator {
  private:
   // NCCL reduces every dtype ronde accepts except int16.
   bool on_device(const at::Tensor& t) const {
-    return nccl_ && t.defined() && t.is_cuda() &&
-        t.scalar_type() != at::kShort;
+    return nccl_ && t.defined() && t.is_cuda() && t.scalar_type() != at::kShort;
   }
 
   Communicator& route(const at::Tensor& t) {
