@@ -66,13 +66,17 @@ class Handle {
   Handle() = default;
   explicit Handle(std::shared_ptr<detail::HandleState> state);
 
-  // True once the collective finished, successfully or not.
+  // True once the collective finished, successfully or not (on a device:
+  // once the device finished it).
   bool done() const;
   // Waits for the collective (which the communicator's timeout bounds) and
-  // rethrows its error, if any.
+  // rethrows its error, if any. For CUDA tensors on NCCL it returns once the
+  // collective is queued, having made this thread's current stream wait for
+  // it: work queued after it sees the result, the host is not held.
+  // RONDE_BLOCKING_WAIT=1 makes it wait on the host until the device is done.
   void wait() const;
-  // Waits at most `timeout`: false if the collective is still running, true
-  // once it finished (rethrowing its error, if any).
+  // Waits at most `timeout`, on the host: false if the collective is still
+  // running, true once it finished (rethrowing its error, if any).
   bool wait(std::chrono::milliseconds timeout) const;
   // Waits, then returns the collective's output tensor.
   at::Tensor result() const;
