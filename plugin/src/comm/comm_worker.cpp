@@ -142,11 +142,6 @@ void DeviceWork::fail(std::exception_ptr error) {
     error_ = std::move(error);
 }
 
-bool DeviceWork::failed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_ != nullptr;
-}
-
 bool DeviceWork::finished() const {
   return done_.query();
 }

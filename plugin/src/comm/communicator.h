@@ -53,7 +53,6 @@ class DeviceWork {
   void block_current();
   // Called by the backend when the work failed or timed out.
   void fail(std::exception_ptr error);
-  bool failed() const;
   // The event's state alone, never throwing: for the backend's watchdog.
   bool finished() const;
   const std::string& what() const {
@@ -140,10 +139,6 @@ void load_backends(int size);
 // sends CUDA tensors through the host backend instead. Throws BackendFailure
 // when the host backend cannot connect.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config);
-
-// Which backend serves CUDA tensors in this process, as configured
-// ("nccl", or "gloo" for the host backend through staging copies).
-std::string cuda_backend_choice();
 
 // A job of one rank: every collective is a local copy, no network.
 std::unique_ptr<Communicator> make_self_communicator();

@@ -341,19 +341,20 @@ class NcclCommunicator final : public Communicator {
     abort_locked("aborted after a failure");
   }
 
-  // From any thread: the communication thread may be inside a call, which
-  // then sees the request and aborts itself.
   void interrupt() override {
-    abort_requested_ = true;
-    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (lock.owns_lock())
-      abort_locked("interrupted: another rank gave up on this job");
+    request_abort(
+        CommError::Kind::PeerFailure,
+        "interrupted: another rank gave up on this job");
   }
 
  private:
   struct Watched {
     std::shared_ptr<DeviceWork> work;
     Clock::time_point deadline;
+  };
+  struct AbortRequest {
+    CommError::Kind kind = CommError::Kind::Broken;
+    std::string why;
   };
 
   BackendFailure failure(
@@ -374,16 +375,46 @@ class NcclCommunicator final : public Communicator {
         CommError::Kind::Broken, "collective", "", rank_, {}, "nccl", why));
   }
 
+  // From any thread (the watchdog, the stall inspector): aborts now when
+  // the communicator is free; when the communication thread is inside a
+  // call, fails the watched work now and leaves the abort to that thread,
+  // which sees the request at its next poll or call.
+  void request_abort(CommError::Kind kind, const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      if (!requested_)
+        requested_ = AbortRequest{kind, why};
+    }
+    abort_requested_ = true;
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      honor_request_locked();
+    } else {
+      fail_inflight(why);
+    }
+  }
+
+  // Under mutex_: carries out a requested abort. True once the
+  // communicator is aborted, by this request or earlier.
+  bool honor_request_locked() {
+    if (abort_requested_ && comm_ != nullptr) {
+      AbortRequest r;
+      {
+        std::lock_guard<std::mutex> lock(watch_mutex_);
+        r = *requested_;
+      }
+      failed_kind_ = r.kind;
+      abort_locked(r.why);
+    }
+    return comm_ == nullptr;
+  }
+
   // Runs one NCCL call on this device, then polls it to completion of its
   // enqueue. Throws BackendFailure once the communicator is unusable.
   template <typename F>
   void enqueue(const char* what, F&& call) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (abort_requested_ && comm_ != nullptr) {
-      failed_kind_ = requested_kind_;
-      abort_locked("an abort was requested while it was busy");
-    }
-    if (comm_ == nullptr) {
+    if (honor_request_locked()) {
       throw BackendFailure(
           failed_kind_,
           std::string("nccl: ") + what + " on an aborted communicator (" +
@@ -398,12 +429,11 @@ class NcclCommunicator final : public Communicator {
   void settle_locked(ncclResult_t r, const char* what) {
     const auto deadline = Clock::now() + timeout_;
     while (r == ncclInProgress) {
-      if (abort_requested_) {
-        abort_locked("interrupted: another rank gave up on this job");
+      if (honor_request_locked()) {
         throw BackendFailure(
-            CommError::Kind::PeerFailure,
-            std::string("nccl: ") + what + " interrupted on rank " +
-                std::to_string(rank_));
+            failed_kind_,
+            std::string("nccl: ") + what + " on rank " +
+                std::to_string(rank_) + " abandoned: " + abort_reason_);
       }
       if (Clock::now() >= deadline) {
         abort_locked(std::string(what) + " timed out");
@@ -494,18 +524,7 @@ class NcclCommunicator final : public Communicator {
       if (!why.empty()) {
         std::cerr << "ronde: rank " << rank_ << ": nccl: " << why
                   << "; aborting the NCCL communicator" << std::endl;
-        // The communication thread may be inside a call: then it aborts.
-        requested_kind_ = kind;
-        abort_requested_ = true;
-        {
-          std::unique_lock<std::mutex> comm_lock(mutex_, std::try_to_lock);
-          if (comm_lock.owns_lock()) {
-            failed_kind_ = kind;
-            abort_locked(why);
-          } else {
-            fail_inflight(why);
-          }
-        }
+        request_abort(kind, why);
       }
       lock.lock();
     }
@@ -522,13 +541,14 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   std::string abort_reason_;                               // guarded by mutex_
   CommError::Kind failed_kind_ = CommError::Kind::Broken;  // likewise
+  // Set (once requested_ is) by request_abort(), from any thread.
   std::atomic<bool> abort_requested_{false};
-  std::atomic<CommError::Kind> requested_kind_{CommError::Kind::PeerFailure};
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
   std::deque<Watched> inflight_;  // guarded by watch_mutex_, in order
-  bool failure_ = false;          // likewise
+  std::optional<AbortRequest> requested_;  // likewise; the first one
+  bool failure_ = false;                   // likewise
   bool stopping_ = false;         // likewise
   std::thread watchdog_;
 };

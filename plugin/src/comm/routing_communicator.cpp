@@ -124,8 +124,8 @@ class RoutingCommunicator final : public Communicator {
   std::map<c10::DeviceIndex, std::unique_ptr<Communicator>> devices_;
 };
 
-}  // namespace
-
+// Which backend serves CUDA tensors, as configured: "nccl", or "gloo" for
+// the host backend through staging copies.
 std::string cuda_backend_choice() {
   const char* v = std::getenv("RONDE_CUDA_BACKEND");
   const std::string want = v ? v : "";
@@ -142,6 +142,8 @@ std::string cuda_backend_choice() {
       "NCCL (configure with -DRONDE_WITH_NCCL=ON against a CUDA LibTorch)");
   return want;
 }
+
+}  // namespace
 
 void load_backends(int size) {
   cuda_backend_choice();  // a bad setting fails before the rendezvous

@@ -449,7 +449,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       // unused here reads it (used here means used).
       bool all_used_here = true;
       for (size_t slot : b.slots)
-        all_used_here = all_used_here && slots_[slot].passes > 0;
+        all_used_here = all_used_here && used_here(slots_[slot]);
       at::Tensor used;
       if (!all_used_here)
         used = b.mask.to(at::kCPU, at::kFloat);
@@ -556,6 +556,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::string name;
   };
 
+  // Whether this rank contributes the parameter's gradient to its bucket:
+  // what pack() copies and what the used flags say must agree.
+  static bool used_here(const Slot& s) {
+    return s.passes > 0 && s.param.grad().defined();
+  }
+
   // Moves the bucket's gradients into their segments, all in one batched
   // copy (a no-op for a .grad that already is its segment), and zeroes the
   // segments of parameters that got no gradient here.
@@ -566,7 +572,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     for (size_t slot : b.slots) {
       Slot& s = slots_[slot];
       at::Tensor& grad = s.param.mutable_grad();
-      if (s.passes == 0 || !grad.defined()) {
+      if (!used_here(s)) {
         unused.push_back(s.view);  // contributes nothing, whatever it held
         continue;
       }
@@ -610,7 +616,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     std::vector<float> used(b.slots.size());
     bool all_used = true;
     for (size_t pos = 0; pos < b.slots.size(); ++pos) {
-      used[pos] = slots_[b.slots[pos]].passes > 0 ? 1.0f : 0.0f;
+      used[pos] = used_here(slots_[b.slots[pos]]) ? 1.0f : 0.0f;
       all_used = all_used && used[pos] > 0;
     }
     if (b.mask.is_cpu()) {
