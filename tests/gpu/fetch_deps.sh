@@ -18,4 +18,18 @@ for deb in "$dir"/debs/*.deb; do
   dpkg -x "$deb" "$dir"
 done
 rm -rf "$dir/debs" "$dir/usr/share/doc" "$dir/usr/share/man"
+# Some development links are absolute (libz.so -> /lib/...), which on
+# another system points at nothing or at another version: point every link
+# into the folder instead.
+while IFS= read -r link; do
+  target=$(readlink "$link")
+  if [[ $target == /* ]]; then
+    ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$dir$target")" \
+      "$link"
+  fi
+done < <(find "$dir" -type l)
+# libnl-3 lives in /lib: put it beside libnl-route-3, on the library path
+# that run_gpu_checks.sh sets (zlib stays where it is: every system has it).
+ln -sfn ../../../lib/x86_64-linux-gnu/libnl-3.so.200 \
+  "$dir/usr/lib/x86_64-linux-gnu/libnl-3.so.200"
 du -sh "$dir"

@@ -62,7 +62,20 @@ for p in nvidia.__path__:
         raise SystemExit
 PY
 )
+# LibTorch before 2.14 finds CUDA through CMake's old FindCUDA, which takes
+# the toolkit's root from where `nvcc` is on the PATH: a wrapper script in
+# /usr/local/bin then points it at /usr/local. Name the root: $CUDA_HOME,
+# /usr/local/cuda, or where nvcc itself says it lives.
 cuda_root=${CUDA_HOME:-/usr/local/cuda}
+if [[ ! -x $cuda_root/bin/nvcc ]] && command -v nvcc > /dev/null; then
+  top=$(nvcc --dryrun -c -x cu /dev/null -o /dev/null 2>&1 \
+    | sed -n 's/^#\$ TOP=//p' | head -1) || true
+  if [[ -n $top && -d $top ]]; then cuda_root=$(cd "$top" && pwd); fi
+fi
+if [[ -x $cuda_root/bin/nvcc ]]; then
+  cmake_args+=(-DCUDA_TOOLKIT_ROOT_DIR="$cuda_root"
+    -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc")
+fi
 if [[ -n $nvrtc ]] && ! compgen -G "$cuda_root/lib64/libnvrtc.so*" > /dev/null; then
   cmake_args+=(-DCUDA_nvrtc_LIBRARY="$nvrtc")
 fi

@@ -26,10 +26,16 @@
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
+#include <utility>
 
 namespace ronde {
 namespace detail {
 namespace {
+
+// How the autograd graph holds a node: std::shared_ptr up to LibTorch 2.12,
+// c10::intrusive_ptr from 2.13. Taken from the API, so both build.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(
+    std::declval<const at::Tensor&>()));
 
 // Param-group options that forward the learning rate to the wrapped
 // optimizer's group, looked up on every call: LibTorch's LR schedulers act
@@ -314,7 +320,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     }
   }
 
-  void hook(size_t i, c10::intrusive_ptr<torch::autograd::Node> accumulator) {
+  void hook(size_t i, NodePtr accumulator) {
     Slot& s = slots_[i];
     if (s.accumulator)
       s.accumulator->del_post_hook(s.hook_key);
@@ -540,7 +546,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     size_t pos = 0;   // within the bucket
     at::Tensor view;  // this parameter's segment of the bucket buffer
     int64_t passes = 0;
-    c10::intrusive_ptr<torch::autograd::Node> accumulator;
+    NodePtr accumulator;
     uintptr_t hook_key = 0;
   };
   struct Bucket {
