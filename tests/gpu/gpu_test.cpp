@@ -21,7 +21,10 @@ JobSpec gpu_spec(
   JobSpec spec =
       ronde::testing::worker_spec(std::move(args), np, RONDE_GPU_WORKER);
   spec.env["RONDE_CUDA_BACKEND"] = backend;
-  spec.timeout = std::chrono::seconds(240);
+  // A stuck collective ends in ronde's own error (60 s) well before the
+  // harness kills the job, so a hang reports what hung.
+  spec.env["RONDE_TIMEOUT_SECONDS"] = "60";
+  spec.timeout = std::chrono::seconds(150);
   return spec;
 }
 

@@ -147,7 +147,10 @@ double cycles_per_ms() {
 // stream, and work queued after wait() runs after the collective. On NCCL
 // wait() also returns while the device is still busy: the caller's stream
 // is ordered after the collective, the host is not held. (Gloo stages
-// through host memory, so there the host waits for the producer.)
+// through host memory, so there the host waits for the producer.) The
+// postscale factor makes the collective write x even at one rank, where
+// NCCL's in-place sum leaves it alone: run before the producer, it would
+// scale zeros.
 int scenario_stream_order() {
   ronde::init();
   const int n = ronde::size(), r = ronde::rank();
@@ -167,7 +170,11 @@ int scenario_stream_order() {
     at::cuda::sleep(static_cast<int64_t>(per_ms * 300));  // 300 ms busy
     x.fill_(r + 1 + round);  // only after the sleep
     auto h = ronde::allreduce_async_(
-        x, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).name("x"));
+        x,
+        ronde::AllreduceOptions()
+            .op(ronde::ReduceOp::Sum)
+            .postscale_factor(3)
+            .name("x"));
     h.wait();
     const bool busy = cudaStreamQuery(side.stream()) == cudaErrorNotReady;
     if (on_nccl) {
@@ -178,7 +185,7 @@ int scenario_stream_order() {
           ": wait() held the host until the device idled");
     }
     auto y = x * 2;  // queued after wait(): must see the reduced values
-    double want = 2.0 * (n * (n + 1) / 2.0 + n * round);
+    double want = 2.0 * 3.0 * (n * (n + 1) / 2.0 + n * round);
     double got = y.min().item<double>();
     double got_max = y.max().item<double>();
     CHECK_W(
@@ -359,9 +366,13 @@ int scenario_amp(const std::string& kind) {
 
 // A collective stuck behind a long kernel outlives RONDE_TIMEOUT_SECONDS
 // (the test sets 2): the watchdog aborts the communicator, and the error
-// reaches the caller: at once with RONDE_BLOCKING_WAIT=1, else at the next
-// collective. Never a hang.
+// reaches the caller: with RONDE_BLOCKING_WAIT=1 from wait() itself, once
+// the timeout passes and before the kernel ends; else wait() returns at
+// once and the next collective raises. Never a hang.
 int scenario_timeout() {
+  const char* blocking_env = std::getenv("RONDE_BLOCKING_WAIT");
+  const bool blocking =
+      blocking_env != nullptr && std::string(blocking_env) == "1";
   ronde::init();
   const auto dev = ronde::device();
   c10::cuda::CUDAGuard guard(dev);
@@ -370,23 +381,50 @@ int scenario_timeout() {
   ronde::allreduce_(x);  // connects; quick
   const auto t0 = std::chrono::steady_clock::now();
   at::cuda::sleep(static_cast<int64_t>(per_ms * 6000));  // 6 s busy
+  auto since_t0 = [&] {
+    return std::chrono::duration<double>(
+               std::chrono::steady_clock::now() - t0)
+        .count();
+  };
   bool raised = false;
-  std::string message;
+  std::string message, raised_by;
+  double waited = -1;
   try {
     auto h = ronde::allreduce_async_(x, ronde::AllreduceOptions().name("late"));
+    raised_by = "wait";
     h.wait();
+    waited = since_t0();
     std::this_thread::sleep_for(std::chrono::seconds(4));
+    raised_by = "next";
     ronde::allreduce_(x, ronde::AllreduceOptions().name("next"));
+    raised_by = "nothing";
   } catch (const ronde::CommError& e) {
     raised = true;
     message = e.what();
   }
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  std::cout << "timeout raised=" << raised << " after " << s
-            << " s: " << message << std::endl;
+  const double s = since_t0();
+  std::cout << "timeout raised=" << raised << " by " << raised_by << " after "
+            << s << " s (wait returned after " << waited << " s): " << message
+            << std::endl;
   CHECK_W(raised, "no CommError after the timeout");
+  if (blocking) {
+    // Raised by the watchdog's verdict (2 s and a tick), not by the kernel
+    // ending at 6 s.
+    CHECK_W(
+        raised_by == "wait" && s > 1.5 && s < 5,
+        "the blocking wait() should raise between 1.5 and 5 s; raised by ",
+        raised_by,
+        " after ",
+        s,
+        " s");
+  } else {
+    CHECK_W(
+        waited >= 0 && waited < 1.0,
+        "the ordering wait() should return at once, returned after ",
+        waited,
+        " s");
+    CHECK_W(raised_by == "next", "raised by ", raised_by, ", not the next");
+  }
   CHECK_W(
       message.find("did not finish") != std::string::npos ||
           message.find("aborted") != std::string::npos,

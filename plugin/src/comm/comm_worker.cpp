@@ -83,8 +83,13 @@ void Handle::wait() const {
     return;
   }
   // Whatever this thread enqueues next on the device runs after the
-  // collective; the host goes on at once.
-  device->block_current();
+  // collective; the host goes on at once. The result is recorded on the
+  // waiting stream too, so its memory outlives that stream's use of it when
+  // it is not the stream that submitted the collective.
+  const c10::Stream waiter = device->block_current();
+  const at::Tensor& result = state_->result;
+  if (result.defined() && result.device() == waiter.device())
+    result.record_stream(waiter);
 }
 
 bool Handle::wait(std::chrono::milliseconds timeout) const {
@@ -116,24 +121,28 @@ std::vector<int64_t> Handle::received_splits() const {
 
 namespace detail {
 
-bool DeviceWork::query() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_)
-      std::rethrow_exception(error_);
-  }
-  return done_.query();
+void DeviceWork::rethrow_if_failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_)
+    std::rethrow_exception(error_);
 }
 
-void DeviceWork::block_current() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (error_)
-      std::rethrow_exception(error_);
-  }
+bool DeviceWork::query() {
+  rethrow_if_failed();
+  if (!done_.query())
+    return false;
+  // Aborted work completes its event too: look again.
+  rethrow_if_failed();
+  return true;
+}
+
+c10::Stream DeviceWork::block_current() {
+  rethrow_if_failed();
   const c10::Device device(done_.device_type(), done_.device_index());
   c10::impl::VirtualGuardImpl impl(device.type());
-  done_.block(impl.getStream(device));
+  const c10::Stream stream = impl.getStream(device);
+  done_.block(stream);
+  return stream;
 }
 
 void DeviceWork::fail(std::exception_ptr error) {
@@ -142,8 +151,15 @@ void DeviceWork::fail(std::exception_ptr error) {
     error_ = std::move(error);
 }
 
-bool DeviceWork::finished() const {
-  return done_.query();
+bool DeviceWork::finished() {
+  try {
+    return done_.query();
+  } catch (...) {
+    // A device error (sticky, from any kernel): the work cannot be known
+    // to have run. Waiters get the error.
+    fail(std::current_exception());
+    return true;
+  }
 }
 
 void HandleState::finish(std::exception_ptr e) {

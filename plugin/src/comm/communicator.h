@@ -49,17 +49,21 @@ class DeviceWork {
   // True once the device finished the work; rethrows its failure.
   bool query();
   // Makes the calling thread's current stream on the work's device wait for
-  // the work, without blocking the host; rethrows a failure already known.
-  void block_current();
+  // the work, without blocking the host, and returns that stream; rethrows
+  // a failure already known.
+  c10::Stream block_current();
   // Called by the backend when the work failed or timed out.
   void fail(std::exception_ptr error);
-  // The event's state alone, never throwing: for the backend's watchdog.
-  bool finished() const;
+  // The event's state alone, never throwing, for the backend's watchdog: a
+  // device error fails the work and counts as finished.
+  bool finished();
   const std::string& what() const {
     return what_;
   }
 
  private:
+  void rethrow_if_failed() const;
+
   c10::Event done_;
   std::string what_;
   mutable std::mutex mutex_;

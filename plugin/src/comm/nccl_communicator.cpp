@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -38,6 +39,7 @@ namespace ronde::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kConnectFloor{60000};
 
 ncclDataType_t nccl_type(at::ScalarType t) {
   switch (t) {
@@ -132,7 +134,10 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     std::lock_guard<std::mutex> lock(mutex_);
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
-    settle_locked(r, "connecting");
+    // Setting NCCL up (topology, proxy threads, buffers) takes seconds on
+    // its own: connecting is bounded by the timeout, but never by less than
+    // kConnectFloor.
+    settle_locked(r, "connecting", std::max(timeout_, kConnectFloor));
     watchdog_ = std::thread([this] { watchdog(); });
   }
 
@@ -145,8 +150,8 @@ class NcclCommunicator final : public Communicator {
     if (watchdog_.joinable())
       watchdog_.join();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (comm_ == nullptr)
-      return;
+    if (honor_request_locked())
+      return;  // aborted, now or before
     // Let enqueued work finish (bounded), then leave the clique cleanly.
     c10::cuda::CUDAGuard guard(device_);
     const auto deadline = Clock::now() + timeout_;
@@ -197,8 +202,9 @@ class NcclCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
       if (!failure_) {
+        // No wake-up: the watchdog's 100 ms tick is soon enough, and waking
+        // it on every bucket would contend for the communicator's mutex.
         inflight_.push_back(Watched{work, Clock::now() + timeout_});
-        watch_cv_.notify_all();
         return;
       }
     }
@@ -426,8 +432,12 @@ class NcclCommunicator final : public Communicator {
 
   // Non-blocking mode: a call may return ncclInProgress; poll until it is
   // done, the timeout passes, or an abort is requested.
-  void settle_locked(ncclResult_t r, const char* what) {
-    const auto deadline = Clock::now() + timeout_;
+  void settle_locked(
+      ncclResult_t r,
+      const char* what,
+      std::optional<std::chrono::milliseconds> limit = std::nullopt) {
+    const std::chrono::milliseconds bound = limit.value_or(timeout_);
+    const auto deadline = Clock::now() + bound;
     while (r == ncclInProgress) {
       if (honor_request_locked()) {
         throw BackendFailure(
@@ -440,7 +450,7 @@ class NcclCommunicator final : public Communicator {
         throw BackendFailure(
             CommError::Kind::Timeout,
             std::string("nccl: ") + what + " on rank " + std::to_string(rank_) +
-                " did not finish within " + seconds_text(timeout_) +
+                " did not finish within " + seconds_text(bound) +
                 "; the NCCL communicator was aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -460,13 +470,16 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Fails the watched work first: ncclCommAbort ends NCCL's kernels, so
+  // their done events complete, and work seen complete before it was
+  // failed would pass for a success.
   void abort_locked(const std::string& why) {
+    fail_inflight(why);
     if (comm_ != nullptr) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
       abort_reason_ = why;
     }
-    fail_inflight(why);
   }
 
   void fail_inflight(const std::string& why) {
@@ -487,10 +500,11 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr)
       return;
     ncclResult_t r = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &r) == ncclSuccess &&
-        (r == ncclSuccess || r == ncclInProgress)) {
+    const ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
+    if (q != ncclSuccess)
+      r = q;
+    if (r == ncclSuccess || r == ncclInProgress)
       return;
-    }
     BackendFailure f =
         failure(CommError::Kind::PeerFailure, "asynchronous work", r);
     failed_kind_ = CommError::Kind::PeerFailure;
@@ -513,7 +527,13 @@ class NcclCommunicator final : public Communicator {
               seconds_text(timeout_);
       }
       lock.unlock();
-      if (why.empty()) {
+      if (abort_requested_) {
+        // Requested while the communication thread held the communicator
+        // (so only the work was failed): carry it out now, since no later
+        // call may come to do it, and NCCL's kernels must end.
+        std::lock_guard<std::mutex> comm_lock(mutex_);
+        honor_request_locked();
+      } else if (why.empty()) {
         try {
           check_async();
         } catch (const BackendFailure& e) {
