@@ -2,9 +2,11 @@
 # Installs the built tree into a fresh prefix, builds the consumer project
 # against it with find_package(ronde), and runs it on 1 and 2 ranks with the
 # installed ronderun.
-# usage: check_install.sh BUILD_DIR SOURCE_DIR TORCH_CMAKE_PREFIX
+# usage: check_install.sh BUILD_DIR SOURCE_DIR TORCH_CMAKE_PREFIX [-DVAR=...]
+# (the -D arguments go to the consumer's configure: LibTorch's CUDA hints)
 set -euo pipefail
 build=$1 src=$2 torch_prefix=$3
+shift 3
 work=$(mktemp -d "${TMPDIR:-/tmp}/ronde-install-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
@@ -15,7 +17,8 @@ ls "$work"/prefix/lib*/libronde_gloo.so > /dev/null
 launcher=
 command -v ccache > /dev/null && launcher=-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake -S "$src/tests/install/consumer" -B "$work/build" $launcher \
-  -DCMAKE_PREFIX_PATH="$work/prefix;$torch_prefix" > "$work/configure.log" ||
+  -DCMAKE_PREFIX_PATH="$work/prefix;$torch_prefix" "$@" \
+  > "$work/configure.log" ||
   { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" -j 2 > "$work/build.log" ||
   { cat "$work/build.log"; exit 1; }
