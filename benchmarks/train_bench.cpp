@@ -160,9 +160,10 @@ int main(int argc, char** argv) {
   if (distributed)
     ronde::init();
   const int rank = distributed ? ronde::rank() : 0;
-  const torch::Device device = device_name == "cuda"
-      ? (distributed ? ronde::device() : torch::Device(torch::kCUDA, 0))
-      : torch::Device(torch::kCPU);
+  const torch::Device device =
+      device_name == "cuda"
+          ? (distributed ? ronde::device() : torch::Device(torch::kCUDA, 0))
+          : torch::Device(torch::kCPU);
   const bool cuda = device.is_cuda();
 
   std::shared_ptr<torch::nn::Module> model;

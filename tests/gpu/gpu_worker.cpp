@@ -382,8 +382,7 @@ int scenario_timeout() {
   const auto t0 = std::chrono::steady_clock::now();
   at::cuda::sleep(static_cast<int64_t>(per_ms * 6000));  // 6 s busy
   auto since_t0 = [&] {
-    return std::chrono::duration<double>(
-               std::chrono::steady_clock::now() - t0)
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
         .count();
   };
   bool raised = false;

@@ -31,7 +31,8 @@ size_t count(const std::vector<std::string>& lines, const std::string& needle) {
 }
 
 TEST(Timeline, WritesAChromeTrace) {
-  const std::string path = "/tmp/ronde_timeline_test_" + std::to_string(::getpid()) + ".json";
+  const std::string path =
+      "/tmp/ronde_timeline_test_" + std::to_string(::getpid()) + ".json";
   { ronde::TimelineRange off("before start"); }
   EXPECT_FALSE(ronde::timeline_enabled());
   ronde::start_timeline(path);
@@ -43,7 +44,8 @@ TEST(Timeline, WritesAChromeTrace) {
   }
   std::thread([] {
     ronde::detail::timeline_thread_name("communication");
-    ronde::detail::timeline_instant("hook ready", "hook", "\"param\":\"fc.weight\"");
+    ronde::detail::timeline_instant(
+        "hook ready", "hook", "\"param\":\"fc.weight\"");
   }).join();
   ronde::stop_timeline();
   EXPECT_FALSE(ronde::timeline_enabled());
@@ -58,9 +60,15 @@ TEST(Timeline, WritesAChromeTrace) {
     EXPECT_EQ(lines[i].back(), i + 2 < lines.size() ? ',' : '}') << lines[i];
   }
   EXPECT_EQ(count(lines, "\"name\":\"process_name\""), 1u);
-  EXPECT_EQ(count(lines, "\"name\":\"data \\\"loading\\\"\",\"cat\":\"user\",\"ph\":\"X\""), 1u);
+  EXPECT_EQ(
+      count(
+          lines,
+          "\"name\":\"data \\\"loading\\\"\",\"cat\":\"user\",\"ph\":\"X\""),
+      1u);
   EXPECT_EQ(count(lines, "\"args\":{\"name\":\"communication\"}"), 1u);
-  EXPECT_EQ(count(lines, "\"name\":\"hook ready\",\"cat\":\"hook\",\"ph\":\"i\""), 1u);
+  EXPECT_EQ(
+      count(lines, "\"name\":\"hook ready\",\"cat\":\"hook\",\"ph\":\"i\""),
+      1u);
   EXPECT_EQ(count(lines, "\"args\":{\"param\":\"fc.weight\"}"), 1u);
   EXPECT_EQ(count(lines, "before start"), 0u);
   EXPECT_EQ(count(lines, "after stop"), 0u);
@@ -79,8 +87,10 @@ TEST(Timeline, AnUnwritablePathIsAClearError) {
     ronde::start_timeline("/nonexistent/dir/t.json");
     FAIL() << "accepted";
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 cannot open the timeline file '/nonexistent/dir/t.json'"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "rank 0 cannot open the timeline file '/nonexistent/dir/t.json'"),
+        std::string::npos)
         << e.what();
   }
   EXPECT_FALSE(ronde::timeline_enabled());

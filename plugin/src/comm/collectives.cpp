@@ -406,9 +406,10 @@ Handle submit(Call call, Body body, std::vector<at::Tensor> uses = {}) {
   const int64_t submitted_us = timeline_enabled() ? timeline_now_us() : -1;
   const OpKind what_kind = call.kind;
   const std::string what_name = call.name;
-  const std::string what = what_name.empty()
-      ? std::string(to_string(what_kind))
-      : std::string(to_string(what_kind)) + " '" + what_name + "'";
+  const std::string what =
+      what_name.empty()
+          ? std::string(to_string(what_kind))
+          : std::string(to_string(what_kind)) + " '" + what_name + "'";
   std::shared_ptr<Fence> fence;
   if (call.anchor.defined()) {
     const c10::Device device = call.anchor.device();

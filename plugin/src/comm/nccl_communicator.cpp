@@ -442,8 +442,8 @@ class NcclCommunicator final : public Communicator {
       if (honor_request_locked()) {
         throw BackendFailure(
             failed_kind_,
-            std::string("nccl: ") + what + " on rank " +
-                std::to_string(rank_) + " abandoned: " + abort_reason_);
+            std::string("nccl: ") + what + " on rank " + std::to_string(rank_) +
+                " abandoned: " + abort_reason_);
       }
       if (Clock::now() >= deadline) {
         abort_locked(std::string(what) + " timed out");
@@ -566,10 +566,10 @@ class NcclCommunicator final : public Communicator {
 
   std::mutex watch_mutex_;
   std::condition_variable watch_cv_;
-  std::deque<Watched> inflight_;  // guarded by watch_mutex_, in order
+  std::deque<Watched> inflight_;           // guarded by watch_mutex_, in order
   std::optional<AbortRequest> requested_;  // likewise; the first one
   bool failure_ = false;                   // likewise
-  bool stopping_ = false;         // likewise
+  bool stopping_ = false;                  // likewise
   std::thread watchdog_;
 };
 

@@ -153,8 +153,8 @@ void connect(Runtime& rt, const InitOptions& options) {
   config.store = rt.store;
   config.hostname = resolve_hostname(options, info);
   config.host_algorithm = options.gloo_algorithm().empty()
-      ? env_or("RONDE_GLOO_ALGORITHM", "ring")
-      : options.gloo_algorithm();
+                              ? env_or("RONDE_GLOO_ALGORITHM", "ring")
+                              : options.gloo_algorithm();
   try {
     rt.comm = make_communicator(config);
   } catch (const BackendFailure& e) {
