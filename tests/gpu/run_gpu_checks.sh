@@ -4,10 +4,17 @@
 # plain LibTorch training against DistributedOptimizer at world size 1
 # (target: at most 2% step-time overhead), and the bucket pack/unpack
 # throughput against a device-to-device copy of the same bytes (target: at
-# least 80%). Logs, JSON and summary.json go to --out.
+# least 80%).
+#
+# --out gets four files, whatever happens: steps.log (what ran, with times
+# and the results), gpu_tests.log (the suite's output), summary.json, and
+# logs.tar.gz (every log and JSON file, refreshed after each phase, so that
+# a run stopped from outside still brings back what it did).
 #
 #   tests/gpu/run_gpu_checks.sh [--python PY] [--deps DIR] [--build DIR]
 #                               [--out DIR] [--build-only] [--jobs N]
+#                               [--shards N] [--suite-seconds S]
+#                               [--bench-seconds S]
 #
 #   --python  interpreter whose torch (a CUDA build) provides LibTorch
 #             (default: $RONDE_PYTHON, else python3)
@@ -16,6 +23,12 @@
 #   --build-only  configure and build, then run the suite (which skips
 #             without a device) and stop: the compile-and-link check of the
 #             NCCL path on a machine without a GPU
+#   --shards  run the suite as N processes at once (default 4; the tests
+#             spawn their own ranks, each on a free port)
+#   --suite-seconds  stop the suite after S seconds (default 240) so the
+#             benchmarks still run; a stopped shard is reported as such
+#   --bench-seconds  time for all the benchmarks (default 150); runs that
+#             would start later are skipped, and each run gets at most 60 s
 #
 # On a machine without a GPU the suite skips and the benchmarks are not run.
 set -euo pipefail
@@ -26,6 +39,9 @@ build=$root/build-gpu
 out=""
 build_only=0
 jobs=$(nproc)
+shards=4
+suite_seconds=240
+bench_seconds=150
 while [[ $# -gt 0 ]]; do
   case $1 in
     --python) py=$2; shift 2 ;;
@@ -34,20 +50,39 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --jobs) jobs=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --suite-seconds) suite_seconds=$2; shift 2 ;;
+    --bench-seconds) bench_seconds=$2; shift 2 ;;
     *) echo "run_gpu_checks.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 out=${out:-$build/checks}
-mkdir -p "$out"
+mkdir -p "$out" "$build"
+out=$(cd "$out" && pwd)
+build=$(cd "$build" && pwd)
+# Every detailed file goes to $work; $out keeps the four files above.
+work=$build/check-logs
+rm -rf "$work"
+mkdir -p "$work"
+: > "$out/steps.log"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/steps.log"; }
+bundle() {
+  cp "$out/steps.log" "$work/" 2>/dev/null || true
+  tar -czf "$out/logs.tar.gz.part" -C "$work" . 2>/dev/null \
+    && mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+}
+trap bundle EXIT
 
 log "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())')"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv \
-  > "$out/nvidia-smi.txt" 2>&1 || true
+log "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader 2>&1 | head -1 || true)"
 
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DRONDE_PYTHON="$py" -DRONDE_WITH_NCCL=ON -DRONDE_BUILD_EXAMPLES=OFF
-  -DRONDE_BUILD_PYTHON=OFF -DRONDE_BUILD_BENCHMARKS=ON -DRONDE_BUILD_TESTS=ON)
+  -DRONDE_BUILD_PYTHON=OFF -DRONDE_BUILD_BENCHMARKS=ON -DRONDE_BUILD_TESTS=ON
+  # CMake 4 refuses package files that ask for policies older than 3.5
+  # (some of Debian's do); earlier CMake ignores this.
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 # A compiler-only CUDA toolkit has no libnvrtc, which LibTorch's CMake
 # config asks for: take the one from the nvidia wheels beside torch.
 nvrtc=$("$py" - <<'PY'
@@ -88,21 +123,42 @@ if [[ -n $deps ]]; then
   export LD_LIBRARY_PATH="$deps/usr/lib:$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 log "configure"
-cmake "${cmake_args[@]}" > "$out/configure.log" 2>&1 \
-  || { tail -40 "$out/configure.log"; exit 1; }
+cmake "${cmake_args[@]}" > "$work/configure.log" 2>&1 \
+  || { log "configure failed"; tail -40 "$work/configure.log"; exit 1; }
 log "build"
 targets=(ronde ronde_gloo ronderun ronde_gpu_worker ronde_gpu_tests
   train_bench pack_bench)
 cmake --build "$build" -j"$jobs" --target "${targets[@]}" \
-  > "$out/build.log" 2>&1 || { grep -m20 -B2 -A8 "error" "$out/build.log"; exit 1; }
+  > "$work/build.log" 2>&1 || {
+  log "build failed"
+  grep -m20 -B2 -A8 "error" "$work/build.log"
+  exit 1
+}
 log "built: $(ls "$build/bin" | tr '\n' ' ')"
+bundle
 
-log "GPU suite"
+log "GPU suite: $shards shards at once, at most ${suite_seconds} s"
 suite_rc=0
-(cd "$build" && "$build/bin/ronde_gpu_tests" \
-    --gtest_output=json:"$out/gpu_tests.json") > "$out/gpu_tests.log" 2>&1 \
-  || suite_rc=$?
-tail -5 "$out/gpu_tests.log" | tee -a "$out/steps.log"
+pids=()
+for ((i = 0; i < shards; i++)); do
+  (cd "$build" && GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+    timeout -k 10 "$suite_seconds" "$build/bin/ronde_gpu_tests" \
+    --gtest_output=json:"$work/gpu_tests_$i.json") \
+    > "$work/gpu_tests_$i.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  if [[ $rc != 0 ]]; then
+    suite_rc=$rc
+    log "suite shard $i: exit $rc$([[ $rc == 124 || $rc == 137 ]] && echo ' (stopped at the time limit)')"
+  fi
+done
+cat "$work"/gpu_tests_*.log > "$out/gpu_tests.log"
+grep -h -E '^\[  (PASSED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \]' \
+  "$work"/gpu_tests_*.log | sort | uniq -c | tee -a "$out/steps.log" || true
+bundle
 if [[ $build_only == 1 ]]; then
   log "build only: done (suite exit $suite_rc)"
   exit $suite_rc
@@ -112,31 +168,73 @@ if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   exit $suite_rc
 fi
 
+bench_deadline=$((SECONDS + bench_seconds))
+# Seconds the next benchmark run may take (at most 60), or 0 once the
+# benchmarks' time is used up.
+bench_limit() {
+  local left=$((bench_deadline - SECONDS))
+  ((left > 60)) && left=60
+  ((left > 0)) || left=0
+  echo $left
+}
 log "train benchmark: plain LibTorch vs DistributedOptimizer (NCCL, 1 rank)"
 export RONDE_CUDA_BACKEND=nccl
 for round in 1 2 3; do
   for workload in mlp cnn; do
     batch=$([[ $workload == mlp ]] && echo 256 || echo 128)
     for mode in local ronde; do
-      "$build/bin/train_bench" --device cuda --workload $workload \
-        --mode $mode --batch $batch --steps 20 --warmup 10 --windows 7 \
-        --json "$out/train_${workload}_${mode}_${round}.json" \
-        >> "$out/train.log" 2>&1
+      limit=$(bench_limit)
+      if [[ $limit == 0 ]]; then
+        log "train_bench $workload $mode round $round: skipped (time used up)"
+        continue
+      fi
+      timeout -k 5 "$limit" "$build/bin/train_bench" --device cuda \
+        --workload $workload --mode $mode --batch $batch --steps 20 \
+        --warmup 10 --windows 7 \
+        --json "$work/train_${workload}_${mode}_${round}.json" \
+        >> "$work/train.log" 2>&1 \
+        || log "train_bench $workload $mode round $round: exit $?"
     done
   done
+  bundle
 done
-tail -12 "$out/train.log" | tee -a "$out/steps.log"
+tail -12 "$work/train.log" | tee -a "$out/steps.log"
 
 log "pack benchmark"
+# The pack benchmark gets its own minute on top, so that slow training runs
+# cannot crowd it out.
+bench_deadline=$((bench_deadline + 60))
 for mb in 25 256; do
-  "$build/bin/pack_bench" --device cuda --mb $mb --repeats 21 \
-    --json "$out/pack_${mb}mb.json" | tee -a "$out/steps.log"
+  limit=$(bench_limit)
+  if [[ $limit == 0 ]]; then
+    log "pack_bench $mb MB: skipped (time used up)"
+    continue
+  fi
+  timeout -k 5 "$limit" "$build/bin/pack_bench" --device cuda --mb $mb \
+    --repeats 21 --json "$work/pack_${mb}mb.json" 2>&1 \
+    | tee -a "$out/steps.log" || log "pack_bench $mb MB: exit $?"
 done
 
-"$py" - "$out" "$suite_rc" <<'PY' | tee -a "$out/steps.log"
+"$py" - "$work" "$suite_rc" <<'PY' | tee "$out/summary.json.log" >> "$out/steps.log"
 import glob, json, os, statistics, sys
 out, suite_rc = sys.argv[1], int(sys.argv[2])
-summary = {"gpu_suite_exit": suite_rc, "train": {}, "pack": {}}
+suite = {"exit": suite_rc, "passed": 0, "failed": [], "skipped": 0,
+         "shards_without_result": []}
+for i, log in enumerate(sorted(glob.glob(os.path.join(out, "gpu_tests_*.log")))):
+    j = log[:-4] + ".json"
+    if not os.path.exists(j):
+        suite["shards_without_result"].append(os.path.basename(log))
+        continue
+    for ts in json.load(open(j)).get("testsuites", []):
+        for t in ts.get("testsuite", []):
+            name = ts["name"] + "." + t["name"]
+            if t.get("failures"):
+                suite["failed"].append(name)
+            elif t.get("result") == "SKIPPED":
+                suite["skipped"] += 1
+            else:
+                suite["passed"] += 1
+summary = {"gpu_suite": suite, "train": {}, "pack": {}}
 for workload in ("mlp", "cnn"):
     step = {}
     for mode in ("local", "ronde"):
@@ -154,7 +252,8 @@ for f in sorted(glob.glob(os.path.join(out, "pack_*mb.json"))):
     summary["pack"][os.path.basename(f)[5:-5]] = {
         "copy_gb_s": r["copy_gb_s"], "pack_vs_copy": r["pack_vs_copy"],
         "unpack_vs_copy": r["unpack_vs_copy"], "target_min": 0.8}
-json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY
+mv "$out/summary.json.log" "$out/summary.json"
+cat "$out/summary.json"
 exit $suite_rc
