@@ -115,8 +115,9 @@ if [[ -n $nvrtc ]] && ! compgen -G "$cuda_root/lib64/libnvrtc.so*" > /dev/null; 
   cmake_args+=(-DCUDA_nvrtc_LIBRARY="$nvrtc")
 fi
 if [[ -n $deps ]]; then
-  # Debian's Gloo names its library by absolute path: point it at the copy.
-  sed -i "s|\"/usr/lib/libgloo|\"$deps/usr/lib/libgloo|g" \
+  # Debian's Gloo names its library by absolute path: point it at the copy
+  # (also when an earlier run pointed it at the folder somewhere else).
+  sed -i -E "s|\"[^\"]*/usr/lib/libgloo|\"$deps/usr/lib/libgloo|g" \
     "$deps"/usr/share/cmake/Gloo/GlooTargets-*.cmake
   cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr"
     -DZLIB_ROOT="$deps/usr")
