@@ -178,23 +178,29 @@ bench_limit() {
   ((left > 0)) || left=0
   echo $left
 }
+# bench_run NAME COMMAND...: runs COMMAND within bench_limit, or skips it
+# once the time is used up; a failure is logged under NAME, not fatal.
+bench_run() {
+  local name=$1 limit
+  shift
+  limit=$(bench_limit)
+  if [[ $limit == 0 ]]; then
+    log "$name: skipped (time used up)"
+    return 0
+  fi
+  timeout -k 5 "$limit" "$@" || log "$name: exit $?"
+}
 log "train benchmark: plain LibTorch vs DistributedOptimizer (NCCL, 1 rank)"
 export RONDE_CUDA_BACKEND=nccl
 for round in 1 2 3; do
   for workload in mlp cnn; do
     batch=$([[ $workload == mlp ]] && echo 256 || echo 128)
     for mode in local ronde; do
-      limit=$(bench_limit)
-      if [[ $limit == 0 ]]; then
-        log "train_bench $workload $mode round $round: skipped (time used up)"
-        continue
-      fi
-      timeout -k 5 "$limit" "$build/bin/train_bench" --device cuda \
-        --workload $workload --mode $mode --batch $batch --steps 20 \
-        --warmup 10 --windows 7 \
+      bench_run "train_bench $workload $mode round $round" \
+        "$build/bin/train_bench" --device cuda --workload $workload \
+        --mode $mode --batch $batch --steps 20 --warmup 10 --windows 7 \
         --json "$work/train_${workload}_${mode}_${round}.json" \
-        >> "$work/train.log" 2>&1 \
-        || log "train_bench $workload $mode round $round: exit $?"
+        >> "$work/train.log" 2>&1
     done
   done
   bundle
@@ -206,22 +212,18 @@ log "pack benchmark"
 # cannot crowd it out.
 bench_deadline=$((bench_deadline + 60))
 for mb in 25 256; do
-  limit=$(bench_limit)
-  if [[ $limit == 0 ]]; then
-    log "pack_bench $mb MB: skipped (time used up)"
-    continue
-  fi
-  timeout -k 5 "$limit" "$build/bin/pack_bench" --device cuda --mb $mb \
-    --repeats 21 --json "$work/pack_${mb}mb.json" 2>&1 \
-    | tee -a "$out/steps.log" || log "pack_bench $mb MB: exit $?"
+  bench_run "pack_bench $mb MB" "$build/bin/pack_bench" --device cuda \
+    --mb $mb --repeats 21 --json "$work/pack_${mb}mb.json" \
+    >> "$work/pack.log" 2>&1
 done
+grep -h '^pack_bench on' "$work/pack.log" | tee -a "$out/steps.log" || true
 
-"$py" - "$work" "$suite_rc" <<'PY' | tee "$out/summary.json.log" >> "$out/steps.log"
+"$py" - "$work" "$suite_rc" <<'PY' | tee "$out/summary.json.part" >> "$out/steps.log"
 import glob, json, os, statistics, sys
 out, suite_rc = sys.argv[1], int(sys.argv[2])
 suite = {"exit": suite_rc, "passed": 0, "failed": [], "skipped": 0,
          "shards_without_result": []}
-for i, log in enumerate(sorted(glob.glob(os.path.join(out, "gpu_tests_*.log")))):
+for log in sorted(glob.glob(os.path.join(out, "gpu_tests_*.log"))):
     j = log[:-4] + ".json"
     if not os.path.exists(j):
         suite["shards_without_result"].append(os.path.basename(log))
@@ -255,6 +257,6 @@ for f in sorted(glob.glob(os.path.join(out, "pack_*mb.json"))):
         "unpack_vs_copy": r["unpack_vs_copy"], "target_min": 0.8}
 print(json.dumps(summary, indent=1))
 PY
-mv "$out/summary.json.log" "$out/summary.json"
+mv "$out/summary.json.part" "$out/summary.json"
 cat "$out/summary.json"
 exit $suite_rc

@@ -383,8 +383,8 @@ class NcclCommunicator final : public Communicator {
 
   // From any thread (the watchdog, the stall inspector): aborts now when
   // the communicator is free; when the communication thread is inside a
-  // call, fails the watched work now and leaves the abort to that thread,
-  // which sees the request at its next poll or call.
+  // call, fails the watched work now and leaves the abort to whichever
+  // comes first: that thread's next poll or call, or the watchdog's tick.
   void request_abort(CommError::Kind kind, const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(watch_mutex_);
