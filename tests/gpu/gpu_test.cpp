@@ -25,6 +25,8 @@ JobSpec gpu_spec(
   // harness kills the job, so a hang reports what hung.
   spec.env["RONDE_TIMEOUT_SECONDS"] = "60";
   spec.timeout = std::chrono::seconds(150);
+  // A rank that crashed leaves its peer waiting for it: stop the job.
+  spec.crash_grace = std::chrono::seconds(10);
   return spec;
 }
 

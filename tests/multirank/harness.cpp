@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -199,6 +200,15 @@ JobResult RunningJob::wait() {
         done[i] = true;
         status[i] = st;
         --remaining;
+        const bool crashed =
+            WIFSIGNALED(st) &&
+            (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS ||
+             WTERMSIG(st) == SIGILL || WTERMSIG(st) == SIGFPE ||
+             WTERMSIG(st) == SIGABRT);
+        if (crashed && spec_.crash_grace.count() > 0) {
+          deadline = std::min(
+              deadline, std::chrono::steady_clock::now() + spec_.crash_grace);
+        }
       }
     }
     if (remaining == 0)

@@ -36,6 +36,11 @@ struct JobSpec {
   // Ranks to start; empty means all of 0..np-1 (a test can start a partial
   // job, or an impostor rank).
   std::vector<int> only_ranks;
+  // When a rank crashes (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT), the
+  // others are killed this long after instead of waiting out `timeout`
+  // (their peer is gone); zero keeps waiting. Tests that kill a rank on
+  // purpose use SIGKILL, which this does not cover.
+  std::chrono::seconds crash_grace{0};
 };
 
 class RunningJob {

@@ -487,6 +487,7 @@ int run_checkpoint_scenario(int argc, char** argv);  // worker_checkpoint.cpp
 
 int main(int argc, char** argv) {
   at::set_num_threads(1);
+  ronde::testing::install_crash_report();
   std::string name = argc > 1 ? argv[1] : "";
   try {
     if (name == "collectives")

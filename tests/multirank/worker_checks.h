@@ -7,12 +7,44 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
 
 namespace ronde::testing {
+
+// On a crash signal, writes the signal and the stack to stderr (the rank's
+// log) before dying of it, so a test reports where a rank crashed rather
+// than only that it did.
+inline void install_crash_report() {
+  void* warm[1];
+  backtrace(warm, 1);  // loads the unwinder now, not inside the handler
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) {
+    const char* name = sig == SIGSEGV  ? "SIGSEGV"
+                       : sig == SIGBUS ? "SIGBUS"
+                       : sig == SIGILL ? "SIGILL"
+                       : sig == SIGFPE ? "SIGFPE"
+                                       : "SIGABRT";
+    const char head[] = "\n*** crash report: ";
+    (void)!::write(2, head, sizeof(head) - 1);
+    (void)!::write(2, name, std::char_traits<char>::length(name));
+    (void)!::write(2, ", stack:\n", 9);
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+  };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
+    sigaction(sig, &sa, nullptr);
+}
 
 inline int& check_failures() {
   static int failures = 0;
