@@ -162,6 +162,15 @@ TEST(Rendezvous, MissingPeerTimesOutWithClearError) {
   EXPECT_TRUE(contains(r.ranks[0].output, "INIT_ERROR: ronde:")) << r.dump();
 }
 
+TEST(Rendezvous, StoreWithoutLibuv) {
+  // USE_LIBUV=0, as in PyTorch: rank 0 serves the store from the older
+  // thread-based server, and a whole job runs on it.
+  JobSpec s = spec("collectives", 3);
+  s.env["USE_LIBUV"] = "0";
+  JobResult r = run_job(s);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
 #ifdef RONDE_TEST_WORKER_TORCH_FIRST
 // The executables below differ only in link order (see tests/CMakeLists.txt).
 // LibTorch linked first, as users do: every collective still runs on the
@@ -187,6 +196,15 @@ void expect_clean_refusal(const JobResult& r, const std::string& needle) {
   for (const auto& rank : r.ranks)
     named |= contains(rank.output, needle);
   EXPECT_TRUE(named) << r.dump();
+}
+
+// Linked with -static-libstdc++: without ronde's --exclude-libs its copy of
+// the C++ runtime is exported, the Gloo module (bound to the system's) sees
+// another copy than the process, and ronde refuses to load it (without that
+// check: an abort in free() when Gloo tears a std::locale down).
+TEST(GlooIsolation, StaticCxxRuntimeExecutablePasses) {
+  JobResult r = run_job(spec("collectives", 2, RONDE_TEST_WORKER_STATIC_CXX));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
 // An executable that loads libgloo itself after LibTorch has a broken libgloo

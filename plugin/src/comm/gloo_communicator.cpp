@@ -181,6 +181,37 @@ const GlooModule& load_module() {
           "', not to the system libgloo: LibTorch's private Gloo copy "
           "would be used and crash. Load the module with RTLD_DEEPBIND "
           "(unset RONDE_GLOO_DEEPBIND) or link libgloo before LibTorch.";
+      return;
+    }
+    // RTLD_DEEPBIND binds the module to the C++ runtime among its own
+    // dependencies; the rest of the process may bind to another copy, one
+    // that a library or the program linked statically and exports. The two
+    // then disagree about libstdc++'s internal state and Gloo crashes (its
+    // std::call_once jumps to a null pointer; a std::locale is freed by the
+    // wrong copy): refuse instead. The probes are symbols that only a copy
+    // of libstdc++ defines (unlike operator new, which allocators replace).
+    void* mine = nullptr;
+    void* theirs = nullptr;
+    for (const char* probe :
+         {"__once_proxy", "_ZNSt6localeC1Ev", "_ZNSt6localeD1Ev"}) {
+      mine = dlsym(handle, probe);
+      theirs = dlsym(RTLD_DEFAULT, probe);
+      if (mine != nullptr && theirs != nullptr && mine != theirs)
+        break;
+    }
+    if (mine != nullptr && theirs != nullptr && mine != theirs) {
+      Dl_info a{}, b{};
+      dladdr(mine, &a);
+      dladdr(theirs, &b);
+      failure = std::string(
+                    "ronde: the Gloo backend module uses the C++ runtime "
+                    "(libstdc++) in '") +
+                (a.dli_fname ? a.dli_fname : "?") +
+                "', but this process uses the copy in '" +
+                (b.dli_fname ? b.dli_fname : "?") +
+                "': that object carries a static libstdc++ and exports it, "
+                "and Gloo would crash between the two. Link it with "
+                "-Wl,--exclude-libs,ALL (or against the shared libstdc++).";
     }
   });
   TORCH_CHECK(failure.empty(), failure);

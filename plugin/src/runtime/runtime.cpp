@@ -138,6 +138,9 @@ void connect(Runtime& rt, const InitOptions& options) {
   so.numWorkers = std::nullopt;
   so.waitWorkers = false;
   so.timeout = rt.timeout;
+  // PyTorch's switch for the store server's event loop: USE_LIBUV=0 picks
+  // the older, thread-based server (for systems where libuv misbehaves).
+  so.useLibUV = env_or("USE_LIBUV", "1") != "0";
   try {
     rt.store = c10::make_intrusive<c10d::TCPStore>(info.addr, so);
     check_identity(rt);
