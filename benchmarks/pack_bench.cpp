@@ -1,11 +1,14 @@
 // Bucket pack/unpack throughput against a plain copy of the same bytes, on
-// the CPU or a CUDA device. DistributedOptimizer packs a bucket with one
-// batched copy (at::_foreach_copy_) of the parameters' gradients into their
-// segments of the flat bucket buffer, and unpacks (gradients kept apart from
-// the buckets) with the same call the other way; this measures exactly that
-// call on a realistic mix of tensor sizes, and one contiguous copy of the
+// the CPU or a CUDA device. DistributedOptimizer packs a bucket with
+// ronde::detail::batched_copy (plugin/src/optim/batched_copy.h: one batched
+// at::_foreach_copy_) of the parameters' gradients into their segments
+// of the flat bucket buffer, and unpacks (gradients kept apart from the
+// buckets) with the same call the other way; this measures exactly that
+// code on a realistic mix of tensor sizes, and one contiguous copy of the
 // same number of bytes as the baseline, alternately in the same run.
 //   pack_bench [--device cpu|cuda] [--mb 64] [--repeats 21] [--json FILE]
+#include "optim/batched_copy.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -104,28 +107,55 @@ int main(int argc, char** argv) {
   torch::Tensor flat_src = torch::randn({used}, opts);
   torch::Tensor flat_dst = torch::empty({used}, opts);
 
-  auto pack = [&] { at::_foreach_copy_(views, grads); };
-  auto unpack = [&] { at::_foreach_copy_(grads, views); };
+  auto pack = [&] { ronde::detail::batched_copy(views, grads); };
+  auto unpack = [&] { ronde::detail::batched_copy(grads, views); };
   auto copy = [&] { flat_dst.copy_(flat_src); };
-  // Correctness first: what is packed is what was there.
+  // Candidates measured beside it, for a whole bucket at once: LibTorch's
+  // concatenation kernel into the bucket, and its split-and-copy back.
+  std::vector<int64_t> sizes;
+  for (const auto& g : grads)
+    sizes.push_back(g.numel());
+  auto pack_cat = [&] { at::cat_out(bucket, grads, 0); };
+  auto unpack_split = [&] {
+    at::split_with_sizes_copy_out(grads, bucket, sizes, 0);
+  };
+  // Correctness first: what is packed is what was there, by every method.
+  const torch::Tensor want = torch::cat(grads);
   pack();
-  TORCH_CHECK(torch::equal(bucket.narrow(0, 0, grads[0].numel()), grads[0]));
+  TORCH_CHECK(torch::equal(bucket, want), "pack lost data");
+  bucket.zero_();
+  pack_cat();
+  TORCH_CHECK(torch::equal(bucket, want), "cat pack lost data");
+  for (auto& g : grads)
+    g.zero_();
+  unpack_split();
+  TORCH_CHECK(torch::equal(torch::cat(grads), want), "split unpack lost data");
+  for (auto& g : grads)
+    g.zero_();
+  unpack();
+  TORCH_CHECK(torch::equal(torch::cat(grads), want), "unpack lost data");
   const int iters = device.is_cuda() ? 20 : 3;
   for (int w = 0; w < 2; ++w) {
     timed(device, 1, pack);
     timed(device, 1, unpack);
     timed(device, 1, copy);
+    timed(device, 1, pack_cat);
+    timed(device, 1, unpack_split);
   }
-  std::vector<double> t_pack, t_unpack, t_copy;
+  std::vector<double> t_pack, t_unpack, t_copy, t_cat, t_split;
   for (int r = 0; r < repeats; ++r) {
     t_copy.push_back(timed(device, iters, copy));
     t_pack.push_back(timed(device, iters, pack));
     t_unpack.push_back(timed(device, iters, unpack));
+    t_cat.push_back(timed(device, iters, pack_cat));
+    t_split.push_back(timed(device, iters, unpack_split));
   }
   const double bytes = static_cast<double>(used) * 4;
   const double gb_copy = bytes / median(t_copy) / 1e9;
   const double gb_pack = bytes / median(t_pack) / 1e9;
   const double gb_unpack = bytes / median(t_unpack) / 1e9;
+  const double gb_cat = bytes / median(t_cat) / 1e9;
+  const double gb_split = bytes / median(t_split) / 1e9;
   std::printf(
       "pack_bench on %s: %zu tensors, %.1f MB: copy %.1f GB/s, pack %.1f GB/s "
       "(%.0f%%), unpack %.1f GB/s (%.0f%%)\n",
@@ -137,6 +167,13 @@ int main(int argc, char** argv) {
       100 * gb_pack / gb_copy,
       gb_unpack,
       100 * gb_unpack / gb_copy);
+  std::printf(
+      "  candidates: cat pack %.1f GB/s (%.0f%%), split unpack %.1f GB/s "
+      "(%.0f%%)\n",
+      gb_cat,
+      100 * gb_cat / gb_copy,
+      gb_split,
+      100 * gb_split / gb_copy);
   if (!json_path.empty()) {
     std::ofstream(json_path)
         << "{\"device\":\"" << device_name << "\",\"tensors\":" << grads.size()
@@ -144,7 +181,9 @@ int main(int argc, char** argv) {
         << ",\"repeats\":" << repeats << ",\"copy_gb_s\":" << gb_copy
         << ",\"pack_gb_s\":" << gb_pack << ",\"unpack_gb_s\":" << gb_unpack
         << ",\"pack_vs_copy\":" << gb_pack / gb_copy
-        << ",\"unpack_vs_copy\":" << gb_unpack / gb_copy << "}\n";
+        << ",\"unpack_vs_copy\":" << gb_unpack / gb_copy
+        << ",\"cat_pack_vs_copy\":" << gb_cat / gb_copy
+        << ",\"split_unpack_vs_copy\":" << gb_split / gb_copy << "}\n";
   }
   return 0;
 }

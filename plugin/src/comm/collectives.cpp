@@ -490,7 +490,9 @@ void reduce_in_place(
   guarded(comm, call, [&] {
     comm.allreduce(work, op == ReduceOp::Average ? ReduceOp::Sum : op);
   });
-  if (op == ReduceOp::Average)
+  // Division by one is exact: at one rank the average is the tensor itself
+  // (a full pass over every bucket saved).
+  if (op == ReduceOp::Average && comm.size() > 1)
     work.div_(comm.size());
   if (post != 1.0)
     work.mul_(post);

@@ -437,7 +437,8 @@ class NcclCommunicator final : public Communicator {
       const char* what,
       std::optional<std::chrono::milliseconds> limit = std::nullopt) {
     const std::chrono::milliseconds bound = limit.value_or(timeout_);
-    const auto deadline = Clock::now() + bound;
+    const auto start = Clock::now();
+    const auto deadline = start + bound;
     while (r == ncclInProgress) {
       if (honor_request_locked()) {
         throw BackendFailure(
@@ -453,7 +454,14 @@ class NcclCommunicator final : public Communicator {
                 " did not finish within " + seconds_text(bound) +
                 "; the NCCL communicator was aborted");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      // A launch is usually done within microseconds: yield for the first
+      // 200 us (a sleep can oversleep by far more than that, and the step
+      // waits for this enqueue), then poll every 20 us.
+      if (Clock::now() - start < std::chrono::microseconds(200)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
       ncclResult_t q = ncclCommGetAsyncError(comm_, &r);
       if (q != ncclSuccess)
         r = q;

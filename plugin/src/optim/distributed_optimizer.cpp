@@ -8,6 +8,7 @@
 #include <ronde/optimizer.h>
 #include <ronde/timeline.h>
 
+#include "optim/batched_copy.h"
 #include "optim/bucket_assignment.h"
 #include "runtime/error_text.h"
 #include "runtime/launch_env.h"
@@ -479,7 +480,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     }
     // Unpacking into separate .grad tensors: one batched copy.
     if (!dst.empty())
-      at::_foreach_copy_(dst, src);
+      batched_copy(dst, src);
     if (unpack_us >= 0 && !dst.empty()) {
       timeline_span("unpack", "unpack", unpack_us, timeline_now_us());
     }
@@ -589,7 +590,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       moved.push_back(&s);
     }
     if (!dst.empty())
-      at::_foreach_copy_(dst, src);
+      batched_copy(dst, src);
     if (!unused.empty())
       at::_foreach_zero_(unused);
     if (options_.gradient_as_bucket_view()) {
