@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks in one run: build ronde with NCCL against the machine's own
-# CUDA LibTorch, run the GPU suite (tests/gpu), then the CUDA benchmarks:
-# plain LibTorch training against DistributedOptimizer at world size 1
-# (target: at most 2% step-time overhead), and the bucket pack/unpack
+# CUDA LibTorch, run the CUDA benchmarks: plain LibTorch training against
+# DistributedOptimizer at world size 1 (target: at most 2% step-time
+# overhead; one more run writes a timeline), and the bucket pack/unpack
 # throughput against a device-to-device copy of the same bytes (target: at
-# least 80%).
+# least 80%); then the GPU suite (tests/gpu) in the time left.
 #
 # --out gets four files, whatever happens: steps.log (what ran, with times
 # and the results), gpu_tests.log (the suite's output), summary.json, and
@@ -25,8 +25,8 @@
 #             NCCL path on a machine without a GPU
 #   --shards  run the suite as N processes at once (default 4; the tests
 #             spawn their own ranks, each on a free port)
-#   --suite-seconds  stop the suite after S seconds (default 240) so the
-#             benchmarks still run; a stopped shard is reported as such
+#   --suite-seconds  stop the suite after S seconds (default 240), so that
+#             the run ends in a known time; a stopped shard is reported
 #   --bench-seconds  time for all the benchmarks (default 150); runs that
 #             would start later are skipped, and each run gets at most 60 s
 #
@@ -73,11 +73,18 @@ bundle() {
 }
 trap bundle EXIT
 
-log "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())')"
+py=$(command -v "$py")
+# Python runs with the library path it was given, not the one below that
+# adds the deps folder.
+base_ld=${LD_LIBRARY_PATH:-}
+pyrun() { LD_LIBRARY_PATH=$base_ld "$py" "$@"; }
+log "torch: $(pyrun -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())')"
 log "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader 2>&1 | head -1 || true)"
 
+torch_cmake=$(pyrun -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  -DTorch_DIR="$torch_cmake/Torch"
   -DRONDE_PYTHON="$py" -DRONDE_WITH_NCCL=ON -DRONDE_BUILD_EXAMPLES=OFF
   -DRONDE_BUILD_PYTHON=OFF -DRONDE_BUILD_BENCHMARKS=ON -DRONDE_BUILD_TESTS=ON
   # CMake 4 refuses package files that ask for policies older than 3.5
@@ -85,7 +92,7 @@ cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
 # A compiler-only CUDA toolkit has no libnvrtc, which LibTorch's CMake
 # config asks for: take the one from the nvidia wheels beside torch.
-nvrtc=$("$py" - <<'PY'
+nvrtc=$(pyrun - <<'PY'
 import glob, os
 try:
     import nvidia
@@ -121,11 +128,15 @@ if [[ -n $deps ]]; then
     "$deps"/usr/share/cmake/Gloo/GlooTargets-*.cmake
   cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr"
     -DZLIB_ROOT="$deps/usr")
-  export LD_LIBRARY_PATH="$deps/usr/lib:$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 log "configure"
+# Configure runs Python (torch's and NCCL's paths): with the plain path.
 cmake "${cmake_args[@]}" > "$work/configure.log" 2>&1 \
   || { log "configure failed"; tail -40 "$work/configure.log"; exit 1; }
+if [[ -n $deps ]]; then
+  # Linking and running need the folder's libraries (Gloo and its own).
+  export LD_LIBRARY_PATH="$deps/usr/lib:$deps/usr/lib/x86_64-linux-gnu${base_ld:+:$base_ld}"
+fi
 log "build"
 targets=(ronde ronde_gloo ronderun ronde_gpu_worker ronde_gpu_tests
   train_bench pack_bench)
@@ -138,37 +149,44 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}" \
 log "built: $(ls "$build/bin" | tr '\n' ' ')"
 bundle
 
-log "GPU suite: $shards shards at once, at most ${suite_seconds} s"
+# The suite, as $shards gtest shards at once under --suite-seconds.
 suite_rc=0
-pids=()
-for ((i = 0; i < shards; i++)); do
-  (cd "$build" && GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-    timeout -k 10 "$suite_seconds" "$build/bin/ronde_gpu_tests" \
-    --gtest_output=json:"$work/gpu_tests_$i.json") \
-    > "$work/gpu_tests_$i.log" 2>&1 &
-  pids+=($!)
-done
-for i in "${!pids[@]}"; do
-  rc=0
-  wait "${pids[$i]}" || rc=$?
-  if [[ $rc != 0 ]]; then
-    suite_rc=$rc
-    log "suite shard $i: exit $rc$([[ $rc == 124 || $rc == 137 ]] && echo ' (stopped at the time limit)')"
-  fi
-done
-cat "$work"/gpu_tests_*.log > "$out/gpu_tests.log"
-grep -h -E '^\[  (PASSED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \]' \
-  "$work"/gpu_tests_*.log | sort | uniq -c | tee -a "$out/steps.log" || true
-bundle
+run_suite() {
+  log "GPU suite: $shards shards at once, at most ${suite_seconds} s"
+  local pids=() i rc
+  for ((i = 0; i < shards; i++)); do
+    (cd "$build" && GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      timeout -k 10 "$suite_seconds" "$build/bin/ronde_gpu_tests" \
+      --gtest_output=json:"$work/gpu_tests_$i.json") \
+      > "$work/gpu_tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    if [[ $rc != 0 ]]; then
+      suite_rc=$rc
+      log "suite shard $i: exit $rc$([[ $rc == 124 || $rc == 137 ]] && echo ' (stopped at the time limit)')"
+    fi
+  done
+  cat "$work"/gpu_tests_*.log > "$out/gpu_tests.log"
+  grep -h -E '^\[  (PASSED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \]' \
+    "$work"/gpu_tests_*.log | sort | uniq -c | tee -a "$out/steps.log" || true
+  bundle
+}
 if [[ $build_only == 1 ]]; then
+  run_suite
   log "build only: done (suite exit $suite_rc)"
   exit $suite_rc
 fi
-if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+if ! pyrun -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  run_suite
   log "no CUDA device: benchmarks not run"
   exit $suite_rc
 fi
 
+# The benchmarks first: they are short and bounded, and the suite then
+# gets the time that is left.
 bench_deadline=$((SECONDS + bench_seconds))
 # Seconds the next benchmark run may take (at most 60), or 0 once the
 # benchmarks' time is used up.
@@ -216,9 +234,17 @@ for mb in 25 256; do
     --mb $mb --repeats 21 --json "$work/pack_${mb}mb.json" \
     >> "$work/pack.log" 2>&1
 done
-grep -h '^pack_bench on' "$work/pack.log" | tee -a "$out/steps.log" || true
+grep -h -A1 '^pack_bench on' "$work/pack.log" | tee -a "$out/steps.log" || true
+# One more ronde run with the timeline on: where a step's host time goes.
+bench_run "train_bench cnn ronde timeline" env \
+  RONDE_TIMELINE="$work/timeline_cnn.json" "$build/bin/train_bench" \
+  --device cuda --workload cnn --mode ronde --batch 128 --steps 20 \
+  --warmup 10 --windows 2 >> "$work/train.log" 2>&1
+bundle
 
-"$py" - "$work" "$suite_rc" <<'PY' | tee "$out/summary.json.part" >> "$out/steps.log"
+run_suite
+
+pyrun - "$work" "$suite_rc" <<'PY' | tee "$out/summary.json.part" >> "$out/steps.log"
 import glob, json, os, statistics, sys
 out, suite_rc = sys.argv[1], int(sys.argv[2])
 suite = {"exit": suite_rc, "passed": 0, "failed": [], "skipped": 0,
@@ -249,12 +275,18 @@ for workload in ("mlp", "cnn"):
             "local_step_ms": step["local"] * 1e3,
             "ronde_step_ms": step["ronde"] * 1e3,
             "overhead": step["ronde"] / step["local"] - 1,
+            "ronde_host_wait_ms": statistics.median(
+                json.load(open(f))["wait_s"] * 1e3 for f in sorted(glob.glob(
+                    os.path.join(out, f"train_{workload}_ronde_*.json")))),
             "target_max_overhead": 0.02}
 for f in sorted(glob.glob(os.path.join(out, "pack_*mb.json"))):
     r = json.load(open(f))
     summary["pack"][os.path.basename(f)[5:-5]] = {
         "copy_gb_s": r["copy_gb_s"], "pack_vs_copy": r["pack_vs_copy"],
-        "unpack_vs_copy": r["unpack_vs_copy"], "target_min": 0.8}
+        "unpack_vs_copy": r["unpack_vs_copy"],
+        "cat_pack_vs_copy": r.get("cat_pack_vs_copy"),
+        "split_unpack_vs_copy": r.get("split_unpack_vs_copy"),
+        "target_min": 0.8}
 print(json.dumps(summary, indent=1))
 PY
 mv "$out/summary.json.part" "$out/summary.json"
