@@ -265,19 +265,18 @@ for log in sorted(glob.glob(os.path.join(out, "gpu_tests_*.log"))):
                 suite["passed"] += 1
 summary = {"gpu_suite": suite, "train": {}, "pack": {}}
 for workload in ("mlp", "cnn"):
-    step = {}
+    step, wait = {}, {}
     for mode in ("local", "ronde"):
-        runs = [json.load(open(f))["step_s"] for f in
+        runs = [json.load(open(f)) for f in
                 sorted(glob.glob(os.path.join(out, f"train_{workload}_{mode}_*.json")))]
-        step[mode] = statistics.median(runs) if runs else None
+        step[mode] = statistics.median(r["step_s"] for r in runs) if runs else None
+        wait[mode] = statistics.median(r["wait_s"] for r in runs) if runs else None
     if step["local"] and step["ronde"]:
         summary["train"][workload] = {
             "local_step_ms": step["local"] * 1e3,
             "ronde_step_ms": step["ronde"] * 1e3,
             "overhead": step["ronde"] / step["local"] - 1,
-            "ronde_host_wait_ms": statistics.median(
-                json.load(open(f))["wait_s"] * 1e3 for f in sorted(glob.glob(
-                    os.path.join(out, f"train_{workload}_ronde_*.json")))),
+            "ronde_host_wait_ms": wait["ronde"] * 1e3,
             "target_max_overhead": 0.02}
 for f in sorted(glob.glob(os.path.join(out, "pack_*mb.json"))):
     r = json.load(open(f))

@@ -190,16 +190,12 @@ const GlooModule& load_module() {
     // std::call_once jumps to a null pointer; a std::locale is freed by the
     // wrong copy): refuse instead. The probes are symbols that only a copy
     // of libstdc++ defines (unlike operator new, which allocators replace).
-    void* mine = nullptr;
-    void* theirs = nullptr;
     for (const char* probe :
          {"__once_proxy", "_ZNSt6localeC1Ev", "_ZNSt6localeD1Ev"}) {
-      mine = dlsym(handle, probe);
-      theirs = dlsym(RTLD_DEFAULT, probe);
-      if (mine != nullptr && theirs != nullptr && mine != theirs)
-        break;
-    }
-    if (mine != nullptr && theirs != nullptr && mine != theirs) {
+      void* mine = dlsym(handle, probe);
+      void* theirs = dlsym(RTLD_DEFAULT, probe);
+      if (mine == nullptr || theirs == nullptr || mine == theirs)
+        continue;
       Dl_info a{}, b{};
       dladdr(mine, &a);
       dladdr(theirs, &b);
@@ -212,6 +208,7 @@ const GlooModule& load_module() {
                 "': that object carries a static libstdc++ and exports it, "
                 "and Gloo would crash between the two. Link it with "
                 "-Wl,--exclude-libs,ALL (or against the shared libstdc++).";
+      return;
     }
   });
   TORCH_CHECK(failure.empty(), failure);
