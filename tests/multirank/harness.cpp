@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -78,6 +80,34 @@ std::string unique_job_id() {
   return os.str();
 }
 
+namespace {
+
+bool keep_temp_dirs() {
+  const char* keep = std::getenv("RONDE_TEST_KEEP_DIRS");
+  return keep != nullptr && *keep != '\0' && std::string(keep) != "0";
+}
+
+// Directories from make_temp_dir(), removed when the test program exits
+// (only by the process that made them: a forked child exits too).
+struct TempDirRegistry {
+  std::mutex mutex;
+  std::vector<std::string> dirs;
+  pid_t owner = ::getpid();
+  ~TempDirRegistry() {
+    if (::getpid() != owner || keep_temp_dirs())
+      return;
+    for (const auto& d : dirs)
+      remove_temp_dir(d);
+  }
+};
+
+TempDirRegistry& registry() {
+  static TempDirRegistry r;
+  return r;
+}
+
+}  // namespace
+
 std::string make_temp_dir() {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl =
@@ -87,7 +117,17 @@ std::string make_temp_dir() {
   if (::mkdtemp(buf.data()) == nullptr) {
     throw std::runtime_error("mkdtemp failed");
   }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.dirs.push_back(buf.data());
   return buf.data();
+}
+
+void remove_temp_dir(const std::string& dir) {
+  if (dir.empty() || keep_temp_dirs())
+    return;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // best effort: only a test's files
 }
 
 std::string worker_path() {
@@ -117,7 +157,8 @@ RunningJob::RunningJob(JobSpec spec) : spec_(std::move(spec)) {
     for (int r = 0; r < spec_.np; ++r)
       ranks_.push_back(r);
   }
-  std::string dir = make_temp_dir();
+  dir_ = make_temp_dir();
+  const std::string& dir = dir_;
   start_ = std::chrono::steady_clock::now();
   for (int r : ranks_) {
     std::map<std::string, std::string> env;
@@ -181,6 +222,7 @@ RunningJob::~RunningJob() {
     for (int pid : pids_)
       ::waitpid(pid, nullptr, 0);
   }
+  remove_temp_dir(dir_);
 }
 
 JobResult RunningJob::wait() {
@@ -247,6 +289,8 @@ JobResult RunningJob::wait() {
     r.output = ss.str();
     result.ranks.push_back(std::move(r));
   }
+  // The logs now live in the result (and in a failed test's message).
+  remove_temp_dir(dir_);
   waited_ = true;
   return result;
 }

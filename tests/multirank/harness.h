@@ -63,6 +63,7 @@ class RunningJob {
   std::vector<int> ranks_;
   std::vector<int> pids_;
   std::vector<std::string> logs_;
+  std::string dir_;  // the ranks' logs
   std::chrono::steady_clock::time_point start_;
   bool waited_ = false;
 };
@@ -73,8 +74,13 @@ JobResult run_job(JobSpec spec);
 int free_port();
 // A fresh, unique job id.
 std::string unique_job_id();
-// A fresh empty directory under the system temp dir.
+// A fresh empty directory under the system temp dir ($TMPDIR or /tmp). It
+// and everything in it are removed when the test program exits, unless
+// RONDE_TEST_KEEP_DIRS is set (to anything but 0) to look at them after.
 std::string make_temp_dir();
+// Removes a directory from make_temp_dir() now, with all it holds (kept
+// under RONDE_TEST_KEEP_DIRS too).
+void remove_temp_dir(const std::string& dir);
 
 // Path of the worker program, from the RONDE_TEST_WORKER definition.
 std::string worker_path();
