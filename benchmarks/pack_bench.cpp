@@ -1,12 +1,15 @@
 // Bucket pack/unpack throughput against a plain copy of the same bytes, on
 // the CPU or a CUDA device. DistributedOptimizer packs a bucket with
-// ronde::detail::batched_copy (plugin/src/optim/batched_copy.h: one batched
-// at::_foreach_copy_) of the parameters' gradients into their segments
-// of the flat bucket buffer, and unpacks (gradients kept apart from the
-// buckets) with the same call the other way; this measures exactly that
-// code on a realistic mix of tensor sizes, and one contiguous copy of the
-// same number of bytes as the baseline, alternately in the same run.
-//   pack_bench [--device cpu|cuda] [--mb 64] [--repeats 21] [--json FILE]
+// ronde::detail::pack_segments and unpacks it with unpack_segments
+// (plugin/src/optim/batched_copy.h: on CUDA one concatenation or split when
+// every segment is copied, as here; a multi-tensor copy otherwise); this
+// measures exactly that code on a realistic mix of tensor sizes, both ways
+// beside it, and one contiguous copy of the same number of bytes as the
+// baseline, alternately in the same run.
+//   pack_bench [--device cpu|cuda] [--mb 64] [--odd] [--repeats 21]
+//              [--json FILE]
+// --odd puts a 10-element tensor first, so that no later segment starts on
+// a 16-byte boundary, as in models with small odd-sized layers.
 #include "optim/batched_copy.h"
 
 #include <torch/torch.h>
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 namespace {
@@ -44,6 +48,7 @@ int main(int argc, char** argv) {
   std::string device_name = "cpu", json_path;
   double mb = 64;
   int repeats = 21;
+  bool odd = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -53,12 +58,14 @@ int main(int argc, char** argv) {
       device_name = next();
     else if (a == "--mb")
       mb = std::stod(next());
+    else if (a == "--odd")
+      odd = true;
     else if (a == "--repeats")
       repeats = std::stoi(next());
     else if (a == "--json")
       json_path = next();
     else {
-      std::cerr << "usage: pack_bench [--device cpu|cuda] [--mb MB] "
+      std::cerr << "usage: pack_bench [--device cpu|cuda] [--mb MB] [--odd] "
                    "[--repeats N] [--json FILE]\n";
       return 2;
     }
@@ -91,6 +98,10 @@ int main(int argc, char** argv) {
       {64, 1}};
   std::vector<torch::Tensor> grads;
   int64_t used = 0;
+  if (odd) {
+    grads.push_back(torch::randn({10}, opts));
+    used += 10;
+  }
   for (size_t i = 0; used < total; ++i) {
     const auto& s = shapes[i % (sizeof(shapes) / sizeof(shapes[0]))];
     const int64_t n = std::min(s[0] * s[1], total - used);
@@ -107,83 +118,107 @@ int main(int argc, char** argv) {
   torch::Tensor flat_src = torch::randn({used}, opts);
   torch::Tensor flat_dst = torch::empty({used}, opts);
 
-  auto pack = [&] { ronde::detail::batched_copy(views, grads); };
-  auto unpack = [&] { ronde::detail::batched_copy(grads, views); };
-  auto copy = [&] { flat_dst.copy_(flat_src); };
-  // Candidates measured beside it, for a whole bucket at once: LibTorch's
-  // concatenation kernel into the bucket, and its split-and-copy back.
-  std::vector<int64_t> sizes;
-  for (const auto& g : grads)
-    sizes.push_back(g.numel());
-  auto pack_cat = [&] { at::cat_out(bucket, grads, 0); };
-  auto unpack_split = [&] {
-    at::split_with_sizes_copy_out(grads, bucket, sizes, 0);
+  using namespace ronde::detail;
+  TORCH_CHECK(
+      fills_whole(bucket, views, grads),
+      "the bucket should take the whole-bucket path");
+  // What the engine does (one of the two ways below, by device).
+  const std::function<void()> pack = [&] {
+    pack_segments(bucket, views, grads);
+  };
+  const std::function<void()> unpack = [&] {
+    unpack_segments(bucket, views, grads);
+  };
+  const std::function<void()> copy = [&] { flat_dst.copy_(flat_src); };
+  // One concatenation or split of the whole bucket.
+  const std::function<void()> pack_whole_fn = [&] {
+    pack_whole(bucket, views, grads);
+  };
+  const std::function<void()> unpack_whole_fn = [&] {
+    unpack_whole(bucket, views, grads);
+  };
+  // The multi-tensor copy.
+  const std::function<void()> pack_foreach = [&] {
+    batched_copy(views, grads);
+  };
+  const std::function<void()> unpack_foreach = [&] {
+    batched_copy(grads, views);
   };
   // Correctness first: what is packed is what was there, by every method.
   const torch::Tensor want = torch::cat(grads);
-  pack();
-  TORCH_CHECK(torch::equal(bucket, want), "pack lost data");
-  bucket.zero_();
-  pack_cat();
-  TORCH_CHECK(torch::equal(bucket, want), "cat pack lost data");
-  for (auto& g : grads)
-    g.zero_();
-  unpack_split();
-  TORCH_CHECK(torch::equal(torch::cat(grads), want), "split unpack lost data");
-  for (auto& g : grads)
-    g.zero_();
-  unpack();
-  TORCH_CHECK(torch::equal(torch::cat(grads), want), "unpack lost data");
+  for (const auto* fn : {&pack, &pack_whole_fn, &pack_foreach}) {
+    bucket.zero_();
+    (*fn)();
+    TORCH_CHECK(torch::equal(bucket, want), "pack lost data");
+  }
+  for (const auto* fn : {&unpack, &unpack_whole_fn, &unpack_foreach}) {
+    for (auto& g : grads)
+      g.zero_();
+    (*fn)();
+    TORCH_CHECK(torch::equal(torch::cat(grads), want), "unpack lost data");
+  }
+
+  const std::vector<const std::function<void()>*> methods = {
+      &copy,
+      &pack,
+      &unpack,
+      &pack_whole_fn,
+      &unpack_whole_fn,
+      &pack_foreach,
+      &unpack_foreach};
   const int iters = device.is_cuda() ? 20 : 3;
   for (int w = 0; w < 2; ++w) {
-    timed(device, 1, pack);
-    timed(device, 1, unpack);
-    timed(device, 1, copy);
-    timed(device, 1, pack_cat);
-    timed(device, 1, unpack_split);
+    for (const auto* fn : methods)
+      timed(device, 1, *fn);
   }
-  std::vector<double> t_pack, t_unpack, t_copy, t_cat, t_split;
+  std::vector<std::vector<double>> times(methods.size());
   for (int r = 0; r < repeats; ++r) {
-    t_copy.push_back(timed(device, iters, copy));
-    t_pack.push_back(timed(device, iters, pack));
-    t_unpack.push_back(timed(device, iters, unpack));
-    t_cat.push_back(timed(device, iters, pack_cat));
-    t_split.push_back(timed(device, iters, unpack_split));
+    for (size_t m = 0; m < methods.size(); ++m)
+      times[m].push_back(timed(device, iters, *methods[m]));
   }
   const double bytes = static_cast<double>(used) * 4;
-  const double gb_copy = bytes / median(t_copy) / 1e9;
-  const double gb_pack = bytes / median(t_pack) / 1e9;
-  const double gb_unpack = bytes / median(t_unpack) / 1e9;
-  const double gb_cat = bytes / median(t_cat) / 1e9;
-  const double gb_split = bytes / median(t_split) / 1e9;
+  std::vector<double> gb;
+  for (const auto& t : times)
+    gb.push_back(bytes / median(t) / 1e9);
+  const double gb_copy = gb[0], gb_pack = gb[1], gb_unpack = gb[2],
+               gb_pack_whole = gb[3], gb_unpack_whole = gb[4],
+               gb_pack_foreach = gb[5], gb_unpack_foreach = gb[6];
+  const char* engine_way = prefers_whole(bucket) ? "whole" : "multi-tensor";
   std::printf(
-      "pack_bench on %s: %zu tensors, %.1f MB: copy %.1f GB/s, pack %.1f GB/s "
-      "(%.0f%%), unpack %.1f GB/s (%.0f%%)\n",
+      "pack_bench on %s: %zu tensors, %.1f MB%s: copy %.1f GB/s, pack %.1f "
+      "GB/s (%.0f%%), unpack %.1f GB/s (%.0f%%)\n",
       device_name.c_str(),
       grads.size(),
       bytes / (1 << 20),
+      odd ? " (odd offsets)" : "",
       gb_copy,
       gb_pack,
       100 * gb_pack / gb_copy,
       gb_unpack,
       100 * gb_unpack / gb_copy);
   std::printf(
-      "  candidates: cat pack %.1f GB/s (%.0f%%), split unpack %.1f GB/s "
-      "(%.0f%%)\n",
-      gb_cat,
-      100 * gb_cat / gb_copy,
-      gb_split,
-      100 * gb_split / gb_copy);
+      "  engine's way: %s; whole bucket: pack %.0f%%, unpack %.0f%%; "
+      "multi-tensor copy: pack %.0f%%, unpack %.0f%%\n",
+      engine_way,
+      100 * gb_pack_whole / gb_copy,
+      100 * gb_unpack_whole / gb_copy,
+      100 * gb_pack_foreach / gb_copy,
+      100 * gb_unpack_foreach / gb_copy);
   if (!json_path.empty()) {
     std::ofstream(json_path)
         << "{\"device\":\"" << device_name << "\",\"tensors\":" << grads.size()
         << ",\"bytes\":" << static_cast<int64_t>(bytes)
+        << ",\"odd_offsets\":" << (odd ? "true" : "false")
         << ",\"repeats\":" << repeats << ",\"copy_gb_s\":" << gb_copy
         << ",\"pack_gb_s\":" << gb_pack << ",\"unpack_gb_s\":" << gb_unpack
         << ",\"pack_vs_copy\":" << gb_pack / gb_copy
-        << ",\"unpack_vs_copy\":" << gb_unpack / gb_copy
-        << ",\"cat_pack_vs_copy\":" << gb_cat / gb_copy
-        << ",\"split_unpack_vs_copy\":" << gb_split / gb_copy << "}\n";
+        << ",\"unpack_vs_copy\":" << gb_unpack / gb_copy << ",\"engine_way\":\""
+        << engine_way << "\""
+        << ",\"whole_pack_vs_copy\":" << gb_pack_whole / gb_copy
+        << ",\"whole_unpack_vs_copy\":" << gb_unpack_whole / gb_copy
+        << ",\"foreach_pack_vs_copy\":" << gb_pack_foreach / gb_copy
+        << ",\"foreach_unpack_vs_copy\":" << gb_unpack_foreach / gb_copy
+        << "}\n";
   }
   return 0;
 }

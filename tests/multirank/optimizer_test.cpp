@@ -1,7 +1,8 @@
 // DistributedOptimizer across real processes: every optimizer, and the
 // variants (gradient accumulation, an unused parameter, two param groups, a
-// LibTorch LR scheduler, copies instead of views, many small buckets), each
-// equal to one process training on the whole global batch.
+// LibTorch LR scheduler, copies instead of views, copies by whole-bucket
+// concatenation and split, many small buckets), each equal to one process
+// training on the whole global batch.
 #include "harness.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
             "groups",
             "steplr",
             "copy",
+            "copywhole",
             "smallbuckets",
             "keepgrad",
             "reload")),

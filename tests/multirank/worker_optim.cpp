@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -174,15 +175,21 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   }
   ronde::broadcast_parameters(net->named_parameters(), 0);
   auto base = make_optimizer(name, net, two_groups);
+  // Copies, each bucket moved by one concatenation and one split (the CUDA
+  // way), in several buckets.
+  const bool copy_whole = variant == "copywhole";
+  if (copy_whole)
+    ::setenv("RONDE_BUCKET_COPY", "whole", 1);
+  const bool small = variant == "smallbuckets" || copy_whole;
   ronde::DistributedOptimizer opt(
       base,
       net->named_parameters(),
       ronde::DistributedOptimizerOptions()
           .backward_passes_per_step(k)
-          .gradient_as_bucket_view(variant != "copy")
+          .gradient_as_bucket_view(variant != "copy" && !copy_whole)
           // Small buckets: several per step, mixed launch order.
-          .fusion_threshold_mb(variant == "smallbuckets" ? 0.001 : 0)
-          .first_bucket_mb(variant == "smallbuckets" ? 0.0005 : 1));
+          .fusion_threshold_mb(small ? 0.001 : 0)
+          .first_bucket_mb(small ? 0.0005 : 1));
   ronde::broadcast_optimizer_state(opt, 0);
   std::unique_ptr<torch::optim::StepLR> sched;
   // Attached to the DistributedOptimizer: it must reach the wrapped groups.

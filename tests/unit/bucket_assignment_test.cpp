@@ -1,5 +1,7 @@
-// Bucket assignment: caps, the small first bucket, keys kept apart, order.
+// Bucket assignment: caps, the small first bucket, keys kept apart, order;
+// and bucket packing.
 #include "optim/bucket_assignment.h"
+#include "optim/batched_copy.h"
 
 #include <gtest/gtest.h>
 
@@ -52,4 +54,82 @@ TEST(BucketAssignment, EveryIndexExactlyOnce) {
 
 TEST(BucketAssignment, Empty) {
   EXPECT_TRUE(assign_buckets({}, {}, 1, 1).empty());
+}
+
+// Bucket packing (optim/batched_copy.h): the whole-bucket concatenation and
+// split only when they do exactly what the per-segment copies do.
+namespace {
+
+struct Bucket {
+  at::Tensor flat;
+  std::vector<at::Tensor> segments;
+};
+
+Bucket bucket_for(const std::vector<at::Tensor>& grads) {
+  int64_t n = 0;
+  for (const auto& g : grads)
+    n += g.numel();
+  Bucket b{at::full({n}, -1.0f), {}};
+  int64_t offset = 0;
+  for (const auto& g : grads) {
+    b.segments.push_back(b.flat.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+  return b;
+}
+
+at::Tensor flattened_cat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : ts)
+    flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+}  // namespace
+
+TEST(BucketPacking, WholeBucketMovesLikePerSegmentCopies) {
+  using namespace ronde::detail;
+  at::manual_seed(3);
+  // A matrix, an empty tensor, a scalar and a vector of odd length.
+  std::vector<at::Tensor> grads = {
+      at::randn({3, 5}), at::randn({0, 4}), at::randn({}), at::randn({7})};
+  Bucket b = bucket_for(grads);
+  ASSERT_TRUE(fills_whole(b.flat, b.segments, grads));
+  ASSERT_TRUE(pack_whole(b.flat, b.segments, grads));
+  EXPECT_TRUE(at::equal(b.flat, flattened_cat(grads)));
+  std::vector<at::Tensor> back;
+  for (const auto& g : grads)
+    back.push_back(at::zeros_like(g));
+  ASSERT_TRUE(unpack_whole(b.flat, b.segments, back));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_TRUE(at::equal(back[i], grads[i])) << "tensor " << i;
+  }
+}
+
+TEST(BucketPacking, AnythingButAWholeDenseBucketTakesTheMultiTensorCopy) {
+  using namespace ronde::detail;
+  std::vector<at::Tensor> grads = {at::randn({4, 3}), at::randn({5})};
+  Bucket b = bucket_for(grads);
+  const at::Tensor before = b.flat.clone();
+  auto refused = [&](const std::vector<at::Tensor>& segments,
+                     const std::vector<at::Tensor>& tensors) {
+    EXPECT_FALSE(fills_whole(b.flat, segments, tensors));
+    EXPECT_FALSE(pack_whole(b.flat, segments, tensors));
+    EXPECT_TRUE(at::equal(b.flat, before)) << "a refused pack wrote";
+  };
+  // Out of order, or not covering the bucket.
+  refused({b.segments[1], b.segments[0]}, {grads[1], grads[0]});
+  refused({b.segments[0]}, {grads[0]});
+  refused({b.segments[1]}, {grads[1]});
+  // A transposed (non-dense) gradient, another dtype, a size mismatch.
+  refused(b.segments, {grads[0].t().contiguous().t(), grads[1]});
+  refused(b.segments, {grads[0].to(at::kDouble), grads[1]});
+  refused(b.segments, {grads[0], at::randn({6})});
+  // The engine's way for such a bucket still copies every segment.
+  const at::Tensor odd = grads[0].t().contiguous().t();
+  pack_segments(b.flat, b.segments, {odd, grads[1]});
+  EXPECT_TRUE(at::equal(b.flat, flattened_cat({odd, grads[1]})));
+  // On the CPU the engine always takes the multi-tensor copy (measured
+  // faster there); on CUDA the whole-bucket kernels.
+  EXPECT_FALSE(prefers_whole(b.flat));
 }

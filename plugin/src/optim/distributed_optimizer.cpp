@@ -276,6 +276,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       b.buffer = at::zeros(
           {numel + static_cast<int64_t>(members.size())},
           first.options().requires_grad(false));
+      b.flat = b.buffer.narrow(0, 0, numel);
       b.mask = b.buffer.narrow(0, numel, members.size());
       int64_t offset = 0;
       for (size_t pos = 0; pos < members.size(); ++pos) {
@@ -449,8 +450,13 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     }
     torch::NoGradGuard no_grad;
     const int64_t unpack_us = timeline_enabled() ? timeline_now_us() : -1;
-    std::vector<at::Tensor> dst, src;
+    // Buckets copied out whole take one split each; the other copies are
+    // batched together.
+    std::vector<at::Tensor> dst, src, bucket_dst, bucket_src;
+    bool unpacked = false;
     for (auto& b : buckets_) {
+      bucket_dst.clear();
+      bucket_src.clear();
       // Whether a parameter was used on any rank is in the bucket's mask;
       // reading it costs a device sync, so only a bucket with a parameter
       // unused here reads it (used here means used).
@@ -471,17 +477,22 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
           if (!grad.defined() || !grad.is_same(s.view))
             grad = s.view;
         } else if (grad.defined()) {
-          dst.push_back(grad);
-          src.push_back(s.view);
+          bucket_dst.push_back(grad);
+          bucket_src.push_back(s.view);
         } else {
           grad = s.view.clone();
         }
       }
+      unpacked = unpacked || !bucket_dst.empty();
+      if (!prefers_whole(b.flat) ||
+          !unpack_whole(b.flat, bucket_src, bucket_dst)) {
+        dst.insert(dst.end(), bucket_dst.begin(), bucket_dst.end());
+        src.insert(src.end(), bucket_src.begin(), bucket_src.end());
+      }
     }
-    // Unpacking into separate .grad tensors: one batched copy.
     if (!dst.empty())
       batched_copy(dst, src);
-    if (unpack_us >= 0 && !dst.empty()) {
+    if (unpack_us >= 0 && unpacked) {
       timeline_span("unpack", "unpack", unpack_us, timeline_now_us());
     }
     synchronized_ = true;
@@ -553,6 +564,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   struct Bucket {
     std::vector<size_t> slots;
     at::Tensor buffer;
+    at::Tensor flat;  // the gradients' segments: buffer less the mask
     at::Tensor mask;
     at::Tensor wire;  // the 16-bit copy sent when compressing
     size_t pending = 0;
@@ -570,8 +582,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   }
 
   // Moves the bucket's gradients into their segments, all in one batched
-  // copy (a no-op for a .grad that already is its segment), and zeroes the
-  // segments of parameters that got no gradient here.
+  // copy (one concatenation when every segment is copied; nothing for a
+  // .grad that already is its segment), and zeroes the segments of
+  // parameters that got no gradient here.
   void pack(Bucket& b) {
     const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
     std::vector<at::Tensor> dst, src, unused;
@@ -590,7 +603,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       moved.push_back(&s);
     }
     if (!dst.empty())
-      batched_copy(dst, src);
+      pack_segments(b.flat, dst, src);
     if (!unused.empty())
       at::_foreach_zero_(unused);
     if (options_.gradient_as_bucket_view()) {
