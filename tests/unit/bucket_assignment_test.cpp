@@ -133,3 +133,20 @@ TEST(BucketPacking, AnythingButAWholeDenseBucketTakesTheMultiTensorCopy) {
   // faster there); on CUDA the whole-bucket kernels.
   EXPECT_FALSE(prefers_whole(b.flat));
 }
+
+TEST(BucketPacking, BucketCopySettingIsWholeMultiOrUnset) {
+  using ronde::detail::parse_bucket_copy;
+  EXPECT_EQ(parse_bucket_copy(nullptr), -1);
+  EXPECT_EQ(parse_bucket_copy(""), -1);
+  EXPECT_EQ(parse_bucket_copy("whole"), 1);
+  EXPECT_EQ(parse_bucket_copy("multi"), 0);
+  try {
+    parse_bucket_copy("cat");
+    ADD_FAILURE() << "RONDE_BUCKET_COPY=cat accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(
+        std::string(e.what_without_backtrace()).find("RONDE_BUCKET_COPY='cat'"),
+        std::string::npos)
+        << e.what_without_backtrace();
+  }
+}

@@ -108,20 +108,30 @@ inline bool unpack_whole(
 // 64 MB, and the multi-tensor copy 10-30% faster for buckets that fit in
 // cache (4 and 8 MB; 2 cores). RONDE_BUCKET_COPY=whole or =multi
 // overrides that on every device.
+// RONDE_BUCKET_COPY's value: -1 unset (by device), 1 whole, 0 multi.
+inline int parse_bucket_copy(const char* v) {
+  if (v == nullptr || *v == '\0')
+    return -1;
+  const std::string s = v;
+  TORCH_CHECK(
+      s == "whole" || s == "multi",
+      "ronde: RONDE_BUCKET_COPY='",
+      s,
+      "' is neither 'whole' nor 'multi'");
+  return s == "whole" ? 1 : 0;
+}
+
+// The process's setting, read once (DistributedOptimizer reads it when it is
+// made, so that a bad value fails there rather than in backward).
+inline int bucket_copy_setting() {
+  static const int setting =
+      parse_bucket_copy(std::getenv("RONDE_BUCKET_COPY"));
+  return setting;
+}
+
 inline bool prefers_whole(const at::Tensor& flat) {
-  static const int forced = [] {
-    const char* v = std::getenv("RONDE_BUCKET_COPY");
-    if (v == nullptr || *v == '\0')
-      return -1;
-    const std::string s = v;
-    TORCH_CHECK(
-        s == "whole" || s == "multi",
-        "ronde: RONDE_BUCKET_COPY must be 'whole' or 'multi', got '",
-        s,
-        "'");
-    return s == "whole" ? 1 : 0;
-  }();
-  return forced < 0 ? flat.is_cuda() : forced == 1;
+  const int setting = bucket_copy_setting();
+  return setting < 0 ? flat.is_cuda() : setting == 1;
 }
 
 // What the engine does for one bucket: the whole-bucket kernel when it

@@ -249,6 +249,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
         "positive, got ",
         o.first_bucket_mb());
     const double mb = resolve_fusion_mb(o.fusion_threshold_mb());
+    bucket_copy_setting();  // a bad RONDE_BUCKET_COPY fails here
     // Ready order: gradients arrive roughly in reverse registration order.
     std::vector<size_t> bytes;
     std::vector<std::string> keys;
