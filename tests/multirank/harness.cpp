@@ -2,6 +2,8 @@
 // mid-line loses nothing and outputs never interleave.
 #include "harness.h"
 
+#include "crash_signals.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -94,7 +96,7 @@ struct TempDirRegistry {
   std::vector<std::string> dirs;
   pid_t owner = ::getpid();
   ~TempDirRegistry() {
-    if (::getpid() != owner || keep_temp_dirs())
+    if (::getpid() != owner)
       return;
     for (const auto& d : dirs)
       remove_temp_dir(d);
@@ -221,8 +223,8 @@ RunningJob::~RunningJob() {
       ::kill(-pid, SIGKILL);
     for (int pid : pids_)
       ::waitpid(pid, nullptr, 0);
+    remove_temp_dir(dir_);  // wait() removes it otherwise
   }
-  remove_temp_dir(dir_);
 }
 
 JobResult RunningJob::wait() {
@@ -242,11 +244,7 @@ JobResult RunningJob::wait() {
         done[i] = true;
         status[i] = st;
         --remaining;
-        const bool crashed =
-            WIFSIGNALED(st) &&
-            (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS ||
-             WTERMSIG(st) == SIGILL || WTERMSIG(st) == SIGFPE ||
-             WTERMSIG(st) == SIGABRT);
+        const bool crashed = WIFSIGNALED(st) && is_crash_signal(WTERMSIG(st));
         if (crashed && spec_.crash_grace.count() > 0) {
           deadline = std::min(
               deadline, std::chrono::steady_clock::now() + spec_.crash_grace);

@@ -36,7 +36,7 @@ struct JobSpec {
   // Ranks to start; empty means all of 0..np-1 (a test can start a partial
   // job, or an impostor rank).
   std::vector<int> only_ranks;
-  // When a rank crashes (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT), the
+  // When a rank crashes (a signal of crash_signals.h), the
   // others are killed this long after instead of waiting out `timeout`
   // (their peer is gone); zero keeps waiting. Tests that kill a rank on
   // purpose use SIGKILL, which this does not cover.

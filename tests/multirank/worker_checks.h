@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include "crash_signals.h"
+
 #include <execinfo.h>
 #include <signal.h>
 #include <unistd.h>
@@ -42,7 +44,7 @@ inline void install_crash_report() {
   };
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESETHAND;
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT})
+  for (int sig : kCrashSignals)
     sigaction(sig, &sa, nullptr);
 }
 

@@ -129,8 +129,9 @@ TEST(BucketPacking, AnythingButAWholeDenseBucketTakesTheMultiTensorCopy) {
   const at::Tensor odd = grads[0].t().contiguous().t();
   pack_segments(b.flat, b.segments, {odd, grads[1]});
   EXPECT_TRUE(at::equal(b.flat, flattened_cat({odd, grads[1]})));
-  // On the CPU the engine always takes the multi-tensor copy (measured
-  // faster there); on CUDA the whole-bucket kernels.
+  // Unless RONDE_BUCKET_COPY says otherwise, the engine takes the
+  // multi-tensor copy on the CPU (as fast or faster there) and the
+  // whole-bucket kernels on CUDA.
   EXPECT_FALSE(prefers_whole(b.flat));
 }
 
