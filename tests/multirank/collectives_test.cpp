@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -169,6 +170,21 @@ TEST(Rendezvous, StoreWithoutLibuv) {
   s.env["USE_LIBUV"] = "0";
   JobResult r = run_job(s);
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+// The harness itself: a rank that crashes writes its signal and stack to
+// its log, and its peer is stopped after JobSpec::crash_grace instead of
+// finishing (it would sleep for a minute and exit 0).
+TEST(Harness, CrashedRankReportsItsStackAndItsPeerIsStopped) {
+  JobSpec s = spec("crash", 2);
+  s.crash_grace = std::chrono::seconds(2);
+  s.timeout = std::chrono::seconds(120);
+  JobResult r = run_job(s);
+  ASSERT_EQ(r.ranks.size(), 2u) << r.dump();
+  EXPECT_EQ(r.ranks[1].signal, SIGABRT) << r.dump();
+  EXPECT_TRUE(contains(r.ranks[1].output, "*** crash report: SIGABRT, stack:"))
+      << r.dump();
+  EXPECT_EQ(r.ranks[0].signal, SIGKILL) << r.dump();
 }
 
 #ifdef RONDE_TEST_WORKER_TORCH_FIRST

@@ -7,14 +7,30 @@
 
 namespace ronde::testing {
 
-constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+struct CrashSignal {
+  int number;
+  const char* name;
+};
+
+constexpr CrashSignal kCrashSignals[] = {
+    {SIGSEGV, "SIGSEGV"},
+    {SIGBUS, "SIGBUS"},
+    {SIGILL, "SIGILL"},
+    {SIGFPE, "SIGFPE"},
+    {SIGABRT, "SIGABRT"}};
+
+// The signal's name if it is a crash signal, else nullptr (async-signal
+// safe: the worker's crash report calls it in its handler).
+inline const char* crash_signal_name(int sig) {
+  for (const CrashSignal& s : kCrashSignals) {
+    if (s.number == sig)
+      return s.name;
+  }
+  return nullptr;
+}
 
 inline bool is_crash_signal(int sig) {
-  for (int s : kCrashSignals) {
-    if (s == sig)
-      return true;
-  }
-  return false;
+  return crash_signal_name(sig) != nullptr;
 }
 
 }  // namespace ronde::testing

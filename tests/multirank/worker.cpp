@@ -480,6 +480,17 @@ int scenario_init_error() {
   }
 }
 
+// Rank 1 aborts at once, as an uncaught exception would; the others sleep
+// for a minute and exit 0 unless the harness stops them first
+// (JobSpec::crash_grace).
+int scenario_crash() {
+  const char* rank_env = std::getenv("RONDE_RANK");
+  if (rank_env != nullptr && std::atoi(rank_env) == 1)
+    std::abort();
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}
+
 }  // namespace
 
 int run_optim_scenario(int argc, char** argv);       // worker_optim.cpp
@@ -502,6 +513,8 @@ int main(int argc, char** argv) {
       return scenario_intruder();
     if (name == "init_error")
       return scenario_init_error();
+    if (name == "crash")
+      return scenario_crash();
     if (int rc = run_optim_scenario(argc, argv); rc >= 0)
       return rc;
     if (int rc = run_checkpoint_scenario(argc, argv); rc >= 0)

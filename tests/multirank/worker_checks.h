@@ -28,24 +28,19 @@ inline void install_crash_report() {
   backtrace(warm, 1);  // loads the unwinder now, not inside the handler
   struct sigaction sa {};
   sa.sa_handler = [](int sig) {
-    const char* name = sig == SIGSEGV  ? "SIGSEGV"
-                       : sig == SIGBUS ? "SIGBUS"
-                       : sig == SIGILL ? "SIGILL"
-                       : sig == SIGFPE ? "SIGFPE"
-                                       : "SIGABRT";
+    const char* name = crash_signal_name(sig);
     const char head[] = "\n*** crash report: ";
     (void)!::write(2, head, sizeof(head) - 1);
     (void)!::write(2, name, std::char_traits<char>::length(name));
     (void)!::write(2, ", stack:\n", 9);
     void* frames[64];
     backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
+    ::raise(sig);  // SA_RESETHAND restored the default action
   };
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESETHAND;
-  for (int sig : kCrashSignals)
-    sigaction(sig, &sa, nullptr);
+  for (const CrashSignal& s : kCrashSignals)
+    sigaction(s.number, &sa, nullptr);
 }
 
 inline int& check_failures() {
