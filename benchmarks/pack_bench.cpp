@@ -1,7 +1,7 @@
 // Bucket pack/unpack throughput against a plain copy of the same bytes, on
 // the CPU or a CUDA device. DistributedOptimizer packs a bucket with
 // ronde::detail::pack_segments and unpacks it with unpack_segments
-// (plugin/src/optim/batched_copy.h: on CUDA one concatenation or split when
+// (plugin/src/engine/pack.h: on CUDA one concatenation or split when
 // every segment is copied, as here; a multi-tensor copy otherwise); this
 // measures exactly that code on a realistic mix of tensor sizes, both ways
 // beside it, and one contiguous copy of the same number of bytes as the
@@ -10,7 +10,8 @@
 //              [--json FILE]
 // --odd puts a 10-element tensor first, so that no later segment starts on
 // a 16-byte boundary, as in models with small odd-sized layers.
-#include "optim/batched_copy.h"
+#include "engine/pack.h"
+#include "runtime/settings.h"
 
 #include <torch/torch.h>
 
@@ -119,15 +120,17 @@ int main(int argc, char** argv) {
   torch::Tensor flat_dst = torch::empty({used}, opts);
 
   using namespace ronde::detail;
+  // RONDE_BUCKET_COPY as the engine reads it.
+  const std::optional<bool> setting = settings().bucket_copy_whole;
   TORCH_CHECK(
       fills_whole(bucket, views, grads),
       "the bucket should take the whole-bucket path");
   // What the engine does (one of the two ways below, by device).
   const std::function<void()> pack = [&] {
-    pack_segments(bucket, views, grads);
+    pack_segments(bucket, views, grads, setting);
   };
   const std::function<void()> unpack = [&] {
-    unpack_segments(bucket, views, grads);
+    unpack_segments(bucket, views, grads, setting);
   };
   const std::function<void()> copy = [&] { flat_dst.copy_(flat_src); };
   // One concatenation or split of the whole bucket.
@@ -183,7 +186,7 @@ int main(int argc, char** argv) {
   const double gb_copy = gb[0], gb_pack = gb[1], gb_unpack = gb[2],
                gb_pack_whole = gb[3], gb_unpack_whole = gb[4],
                gb_pack_foreach = gb[5], gb_unpack_foreach = gb[6];
-  const char* engine_way = prefers_whole(bucket) ? "whole" : "multi-tensor";
+  const char* engine_way = prefers_whole(bucket, setting) ? "whole" : "multi-tensor";
   std::printf(
       "pack_bench on %s: %zu tensors, %.1f MB%s: copy %.1f GB/s, pack %.1f "
       "GB/s (%.0f%%), unpack %.1f GB/s (%.0f%%)\n",

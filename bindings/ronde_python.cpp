@@ -444,7 +444,50 @@ PYBIND11_MODULE(_C, m) {
       .def("names", &GradientReducer::names)
       .def("backward_passes_per_step", [](const GradientReducer& r) {
         return r.options().backward_passes_per_step();
-      });
+      })
+      // The engine's step (GradientReducer::step): `update(closure)` is the
+      // Python optimizer's own step; `closure` the user's, or None. The GIL
+      // is held only while Python code runs, not while waiting on ranks.
+      .def(
+          "step",
+          [](GradientReducer& r,
+             py::function update,
+             py::object closure,
+             bool synchronize) {
+            // Python objects are captured by reference: copying them needs
+            // the GIL, which the engine does not hold.
+            GradientReducer::Closure user;
+            if (!closure.is_none()) {
+              user = [&closure]() -> at::Tensor {
+                py::gil_scoped_acquire gil;
+                py::object loss = closure();
+                return loss.is_none() ? at::Tensor() : loss.cast<at::Tensor>();
+              };
+            }
+            // The optimizer's step may return anything (a loss, a float,
+            // None): kept as the Python object it is.
+            py::object result = py::none();
+            auto call_update =
+                [&update, &result](GradientReducer::Closure synced) {
+                  py::gil_scoped_acquire gil;
+                  py::object c = py::none();
+                  if (synced) {
+                    c = py::cpp_function(
+                        [synced]() { return synced(); },
+                        py::call_guard<py::gil_scoped_release>());
+                  }
+                  result = update(c);
+                  return at::Tensor();
+                };
+            {
+              py::gil_scoped_release release;
+              r.step(call_update, user, synchronize);
+            }
+            return result;
+          },
+          py::arg("update"),
+          py::arg("closure") = py::none(),
+          py::arg("synchronize") = true);
 
   // Schedule arithmetic, shared with C++ so both front ends agree.
   m.def(

@@ -128,6 +128,9 @@ torch::Tensor params_flat(Net& net) {
 }
 
 int scenario_optim(const std::string& name, const std::string& variant) {
+  // Settings are read once, at init().
+  if (variant == "copywhole")
+    ::setenv("RONDE_BUCKET_COPY", "whole", 1);
   ronde::init();
   const int n = ronde::size(), r = ronde::rank();
   const bool bpps2 = variant == "bpps2";
@@ -176,10 +179,8 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   ronde::broadcast_parameters(net->named_parameters(), 0);
   auto base = make_optimizer(name, net, two_groups);
   // Copies, each bucket moved by one concatenation and one split (the CUDA
-  // way), in several buckets.
+  // way; RONDE_BUCKET_COPY=whole set before init()), in several buckets.
   const bool copy_whole = variant == "copywhole";
-  if (copy_whole)
-    ::setenv("RONDE_BUCKET_COPY", "whole", 1);
   const bool small = variant == "smallbuckets" || copy_whole;
   ronde::DistributedOptimizer opt(
       base,

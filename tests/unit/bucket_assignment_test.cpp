@@ -1,7 +1,8 @@
 // Bucket assignment: caps, the small first bucket, keys kept apart, order;
 // and bucket packing.
-#include "optim/bucket_assignment.h"
-#include "optim/batched_copy.h"
+#include "engine/bucket_assignment.h"
+#include "engine/pack.h"
+#include "runtime/settings.h"
 
 #include <gtest/gtest.h>
 
@@ -56,7 +57,7 @@ TEST(BucketAssignment, Empty) {
   EXPECT_TRUE(assign_buckets({}, {}, 1, 1).empty());
 }
 
-// Bucket packing (optim/batched_copy.h): the whole-bucket concatenation and
+// Bucket packing (engine/pack.h): the whole-bucket concatenation and
 // split only when they do exactly what the per-segment copies do.
 namespace {
 
@@ -127,16 +128,26 @@ TEST(BucketPacking, AnythingButAWholeDenseBucketTakesTheMultiTensorCopy) {
   refused(b.segments, {grads[0], at::randn({6})});
   // The engine's way for such a bucket still copies every segment.
   const at::Tensor odd = grads[0].t().contiguous().t();
-  pack_segments(b.flat, b.segments, {odd, grads[1]});
+  pack_segments(b.flat, b.segments, {odd, grads[1]}, std::nullopt);
   EXPECT_TRUE(at::equal(b.flat, flattened_cat({odd, grads[1]})));
   // Unless RONDE_BUCKET_COPY says otherwise, the engine takes the
   // multi-tensor copy on the CPU (as fast or faster there) and the
   // whole-bucket kernels on CUDA.
-  EXPECT_FALSE(prefers_whole(b.flat));
+  EXPECT_FALSE(prefers_whole(b.flat, std::nullopt));
 }
 
 TEST(BucketPacking, BucketCopySettingIsWholeMultiOrUnset) {
-  using ronde::detail::parse_bucket_copy;
+  // RONDE_BUCKET_COPY as the settings read it: unset (by device), whole,
+  // multi, or an error naming the variable.
+  auto parse_bucket_copy = [](const char* v) {
+    auto s = ronde::detail::read_settings(
+        [v](const std::string& name) -> std::optional<std::string> {
+          if (name != "RONDE_BUCKET_COPY" || v == nullptr)
+            return std::nullopt;
+          return std::string(v);
+        });
+    return s.bucket_copy_whole ? (*s.bucket_copy_whole ? 1 : 0) : -1;
+  };
   EXPECT_EQ(parse_bucket_copy(nullptr), -1);
   EXPECT_EQ(parse_bucket_copy(""), -1);
   EXPECT_EQ(parse_bucket_copy("whole"), 1);

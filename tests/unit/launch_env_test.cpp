@@ -1,5 +1,6 @@
 // Launcher environment parsing: each convention, precedence, and bad values.
 #include "runtime/launch_env.h"
+#include "runtime/settings.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

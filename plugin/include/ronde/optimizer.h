@@ -3,8 +3,7 @@
 // buckets that are all-reduced while backward is still running.
 #pragma once
 
-#include <ronde/collectives.h>
-#include <ronde/schedule.h>
+#include <ronde/gradient_reducer.h>
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -16,127 +15,8 @@
 
 namespace ronde {
 
-namespace detail {
-class GradientEngine;
-}
-
-// What travels on the wire: buckets of float32/float64 gradients can be cast
-// to 16 bits for the all-reduce and back after it, halving the bytes at the
-// cost of rounding (about 3 decimal digits for FP16, 2 for BF16).
-enum class Compression { None, FP16, BF16 };
-
-struct DistributedOptimizerOptions {
-  // Bucket size in MiB: gradients are packed into buckets of about this size
-  // and each bucket is all-reduced in one call. 0: RONDE_FUSION_THRESHOLD
-  // (bytes, as Horovod's HOROVOD_FUSION_THRESHOLD), else the default chosen
-  // from benchmarks/fusion_bench (see kDefaultFusionThresholdMb).
-  TORCH_ARG(double, fusion_threshold_mb) = 0;
-  // The first bucket is smaller so that communication starts early in
-  // backward. 1 MiB, as c10d's Reducer.
-  TORCH_ARG(double, first_bucket_mb) = 1;
-  // Backward passes accumulated locally before one all-reduce; step() must
-  // be called after exactly this many.
-  TORCH_ARG(int64_t, backward_passes_per_step) = 1;
-  // With backward_passes_per_step > 1: divide the accumulated gradient by
-  // that count too, so a step sees the mean over every micro-batch of every
-  // rank (what one process would compute on the global batch).
-  TORCH_ARG(bool, average_aggregated_gradients) = true;
-  // Average (the mean gradient, the default) or Sum over ranks.
-  TORCH_ARG(ReduceOp, op) = ReduceOp::Average;
-  // Divide by this before the all-reduce and multiply after it, to keep
-  // low-precision sums in range. 1: no effect.
-  TORCH_ARG(double, gradient_predivide_factor) = 1.0;
-  // Make each parameter's .grad a view into its bucket, so packing costs no
-  // copy. Off: gradients are copied into and out of the buckets.
-  TORCH_ARG(bool, gradient_as_bucket_view) = true;
-  // Multiply every param group's LR at construction by the number of
-  // replicas x backward_passes_per_step (Linear) or its square root (Sqrt).
-  // The base LR is remembered: wrapping the same optimizer again, or
-  // loading state through this object, never compounds the scaling.
-  TORCH_ARG(LrScaling, lr_scaling) = LrScaling::None;
-  TORCH_ARG(Compression, compression) = Compression::None;
-};
-
-// The default bucket size, from benchmarks/fusion_bench on 2 CPU ranks (see
-// benchmarks/README.md for the measurement).
-constexpr double kDefaultFusionThresholdMb = 25;
-
-// What the last step did, for progress lines and tests.
-struct StepProfile {
-  // Gradient hooks that had fired when each bucket was launched, in launch
-  // order: a value below `hooks` means the bucket went out while backward
-  // was still producing gradients.
-  std::vector<int64_t> hooks_before_launch;
-  int64_t hooks = 0;
-  // Seconds step() spent waiting for all-reduces after backward.
-  double wait_seconds = 0;
-};
-
-// Throws unless every parameter in `param_groups` that requires a gradient
-// is one of `parameters` (compared by identity): a parameter the optimizer
-// steps but nobody averages would let the replicas drift apart silently.
-// DistributedOptimizer checks this itself; GradientReducer users (the
-// Python bindings) call it with their optimizer's groups.
-void check_param_groups_covered(
-    const std::vector<torch::Tensor>& parameters,
-    const std::vector<std::vector<torch::Tensor>>& param_groups);
-
-// The gradient engine of DistributedOptimizer, without an optimizer: a hook
-// on each parameter's gradient accumulator, fused buckets all-reduced
-// asynchronously during backward, the used-mask, compression and local
-// accumulation over backward_passes_per_step. For training loops whose
-// optimizer is not a torch::optim::Optimizer (the Python bindings drive a
-// torch.optim.Optimizer with it). A step is: backward pass(es), then
-// synchronize(), then the optimizer's update, then finish_step().
-class GradientReducer {
- public:
-  // Parameters with requires_grad=false are left out. Checks across ranks
-  // that every rank has the same parameters; registers the hooks, released
-  // when this object is destroyed.
-  GradientReducer(
-      const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-      const DistributedOptimizerOptions& options = {});
-  GradientReducer(
-      const std::vector<std::string>& names,
-      const std::vector<torch::Tensor>& parameters,
-      const DistributedOptimizerOptions& options = {});
-  ~GradientReducer();
-  GradientReducer(const GradientReducer&) = delete;
-  GradientReducer& operator=(const GradientReducer&) = delete;
-
-  // Launches the buckets not yet launched, waits for every all-reduce and
-  // writes the averaged gradients into .grad. Does nothing if this step is
-  // already synchronised.
-  void synchronize();
-  // Whether synchronize() ran since the last finish_step().
-  bool synchronized() const;
-  // Ends the step: the next backward pass starts a new one.
-  void finish_step();
-  // synchronize() then finish_step(): a step whose update is skipped (a
-  // GradScaler overflow) still completes its all-reduces on every rank.
-  void skip_step();
-  // The tensors holding this step's averaged gradients after synchronize():
-  // the bucket buffers when gradients are bucket views, else the gradients.
-  std::vector<torch::Tensor> gradient_buffers() const;
-  // Parameter names per bucket, in launch order.
-  std::vector<std::vector<std::string>> buckets() const;
-  StepProfile last_step_profile() const;
-  const DistributedOptimizerOptions& options() const {
-    return options_;
-  }
-  // The names of the parameters it reduces (requires_grad only), in the
-  // order given.
-  const std::vector<std::string>& names() const {
-    return names_;
-  }
-
- private:
-  DistributedOptimizerOptions options_;
-  std::vector<std::string> names_;
-  std::shared_ptr<detail::GradientEngine> engine_;
-};
-
-class DistributedOptimizer : public torch::optim::Optimizer {
+class DistributedOptimizer : public torch::optim::Optimizer,
+                             public GradientSync {
  public:
   // `named_parameters` are the model's (model->named_parameters()); those
   // with requires_grad=false are left out. Checks across ranks that every
@@ -155,7 +35,7 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   // Waits for the all-reduces and writes the averaged gradients into .grad:
   // call it to touch gradients before step() (clipping, unscaling); step()
   // then does not reduce again.
-  void synchronize();
+  void synchronize() override;
   // As the wrapped optimizer's. zero_grad(false) keeps gradients as bucket
   // views (no copy in the next backward); the default (set_to_none) makes
   // the next backward copy each gradient into its bucket once.
@@ -163,14 +43,17 @@ class DistributedOptimizer : public torch::optim::Optimizer {
   // Ends the step without updating the parameters (what GradScaler does
   // after an overflow): still completes this step's all-reduces, so every
   // rank stays in step.
-  void skip_step();
+  void skip_step() override;
   // The tensors holding this step's averaged gradients after synchronize():
   // the bucket buffers when gradients are bucket views, else the gradients.
-  std::vector<torch::Tensor> gradient_buffers() const;
+  std::vector<torch::Tensor> gradient_buffers() const override;
   // The factor lr_scaling applied to the base LRs (1 without scaling).
-  double lr_scale_factor() const {
+  double lr_scale_factor() const override {
     return lr_scale_factor_;
   }
+  // The LRs of the wrapped optimizer's groups before lr_scaling: what a
+  // checkpoint saves, so that wrapping again after a restore does not scale
+  // twice.
   const std::vector<double>& base_lrs() const {
     return base_lrs_;
   }
@@ -191,7 +74,7 @@ class DistributedOptimizer : public torch::optim::Optimizer {
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   DistributedOptimizerOptions options_;
-  std::unique_ptr<GradientReducer> reducer_;
+  std::shared_ptr<detail::GradientEngine> engine_;
   double lr_scale_factor_ = 1.0;
   std::vector<double> base_lrs_;
 };

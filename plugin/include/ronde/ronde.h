@@ -10,5 +10,6 @@
 #include <ronde/optimizer.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
+#include <ronde/gradient_reducer.h>
 #include <ronde/timeline.h>
 #include <ronde/version.h>

@@ -9,23 +9,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <thread>
 
 namespace ronde {
 namespace {
-
-// RONDE_BLOCKING_WAIT=1: wait() on device work blocks the host until the
-// device finished it (and raises its failure in that call) instead of
-// ordering the caller's stream after it.
-bool blocking_wait() {
-  static const bool on = [] {
-    const char* v = std::getenv("RONDE_BLOCKING_WAIT");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return on;
-}
 
 // Polls device work on the host until it finishes (true) or `deadline`
 // passes (false); a failure reported by the backend is rethrown.
@@ -78,7 +65,10 @@ void Handle::wait() const {
   }
   if (!device)
     return;
-  if (blocking_wait()) {
+  // RONDE_BLOCKING_WAIT=1: block the host until the device finished it (and
+  // raise its failure in this call) instead of ordering the caller's stream
+  // after it.
+  if (state_->blocking_wait) {
     poll_device(*device, std::nullopt);  // the watchdog bounds it
     return;
   }
@@ -171,7 +161,8 @@ void HandleState::finish(std::exception_ptr e) {
   cv.notify_all();
 }
 
-CommWorker::CommWorker(Communicator& comm) : comm_(comm) {
+CommWorker::CommWorker(Communicator& comm, bool blocking_wait)
+    : comm_(comm), blocking_wait_(blocking_wait) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -187,6 +178,7 @@ CommWorker::~CommWorker() {
 
 Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
   auto state = std::make_shared<HandleState>();
+  state->blocking_wait = blocking_wait_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
@@ -206,7 +198,7 @@ Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
   return Handle(state);
 }
 
-CommWorker::Progress CommWorker::progress() const {
+WorkProgress CommWorker::progress() const {
   std::lock_guard<std::mutex> lock(progress_mutex_);
   return progress_;
 }

@@ -1,7 +1,10 @@
-// The communication thread: collectives run here one at a time, in the order
-// they were submitted, so every rank executes the same sequence. Callers get
-// a Handle to wait on. See docs/thread_model.md.
+// The communication worker: collectives run one at a time, in the order they
+// were submitted, so every rank executes the same sequence: on its own
+// thread, or inline on the caller's thread for a blocking call that finds
+// nothing queued. Callers get a Handle to wait on. See docs/thread_model.md.
 #pragma once
+
+#include "runtime/stall_inspector.h"
 
 #include <ronde/collectives.h>
 
@@ -32,13 +35,17 @@ struct HandleState {
   // Device work the job enqueued and may not have finished when `done` is
   // set (written before done); null for work that finished on the host.
   std::shared_ptr<DeviceWork> device;
+  // RONDE_BLOCKING_WAIT: wait() on device work blocks the host until the
+  // device finished it. Set at submit.
+  bool blocking_wait = false;
 
   void finish(std::exception_ptr e);
 };
 
 class CommWorker {
  public:
-  explicit CommWorker(Communicator& comm);
+  // `blocking_wait`: see HandleState.
+  CommWorker(Communicator& comm, bool blocking_wait);
   // Runs what is queued, then stops the thread.
   ~CommWorker();
 
@@ -53,19 +60,14 @@ class CommWorker {
   Handle submit(Job job, bool run_inline = false, std::string what = "");
 
   // What the worker has done, for the stall inspector.
-  struct Progress {
-    int64_t started = 0;  // jobs started so far, this one included
-    bool running = false;
-    std::string what;  // the running (else the last) job
-    std::chrono::steady_clock::time_point since;  // when it started
-  };
-  Progress progress() const;
+  WorkProgress progress() const;
 
  private:
   void loop();
   void execute(const Job& job, HandleState& state, const std::string& what);
 
-  Communicator& comm_;  // owned by the Runtime, outlives the worker
+  Communicator& comm_;  // owned by the World, outlives the worker
+  const bool blocking_wait_;
   std::mutex mutex_;
   std::condition_variable cv_;
   // Guarded by mutex_:
@@ -83,7 +85,7 @@ class CommWorker {
   // collective fails at once with the first error.
   std::exception_ptr broken_;
   mutable std::mutex progress_mutex_;
-  Progress progress_;  // guarded by progress_mutex_
+  WorkProgress progress_;  // guarded by progress_mutex_
   std::thread thread_;
 };
 

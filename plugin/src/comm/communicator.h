@@ -1,12 +1,13 @@
 // The one interface between ronde and a communication backend. Everything
-// outside comm/ talks to a Communicator; only comm/ knows that Gloo and NCCL
-// exist. Calls are made from the communication thread only. A host backend
+// outside comm/ talks to the collectives; only comm/ knows that Gloo and NCCL
+// exist. Calls are made by one thread at a time: the communication thread,
+// or a caller whose blocking collective runs inline (CommWorker::submit);
+// only interrupt() may come from another thread. A host backend
 // (Gloo, one rank) is done with the tensors when a call returns; a device
 // backend (NCCL) only enqueues the work on its own stream (stream_for) and
 // watches it (watch) until it finishes or times out.
 #pragma once
 
-#include <ronde/collectives.h>
 #include <ronde/errors.h>
 
 #include <ATen/core/Tensor.h>
@@ -29,7 +30,9 @@ class Store;
 
 namespace ronde::detail {
 
-struct LaunchInfo;
+// The reductions a backend performs. Averaging is not one of them: the
+// collective sums and divides, the same way on every backend.
+enum class BackendOp { Sum, Min, Max, Product };
 
 // Raised by a backend when a peer or the network failed; collectives turn it
 // into a ronde::CommError that names the tensor and the suspect ranks.
@@ -98,9 +101,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // Tensors are contiguous. allreduce is in place; op is never Average
-  // (the caller divides).
-  virtual void allreduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  // Tensors are contiguous. allreduce is in place.
+  virtual void allreduce(const at::Tensor& tensor, BackendOp op) = 0;
   // out holds every rank's bytes in rank order; bytes[r] is rank r's share.
   virtual void allgather(
       const at::Tensor& in,
@@ -121,6 +123,12 @@ class Communicator {
   virtual void interrupt() {}
 };
 
+// Where the Gloo backend module is and how to open it.
+struct GlooModuleConfig {
+  std::string path;  // empty: next to libronde
+  std::optional<bool> deepbind;  // RTLD_DEEPBIND; unset: by build
+};
+
 // What the runtime knows when it connects a job.
 struct CommConfig {
   c10::intrusive_ptr<c10d::Store> store;  // null for a job of one rank
@@ -130,16 +138,20 @@ struct CommConfig {
   std::string hostname;  // this rank's address for peers
   std::chrono::milliseconds timeout{30000};
   std::string host_algorithm;  // the CPU backend's all-reduce algorithm
+  GlooModuleConfig gloo;
+  // "nccl" or "gloo" for CUDA tensors; empty: NCCL when built.
+  std::string cuda_backend;
 };
 
 // Checks what the backends need before the rendezvous (the Gloo module for
-// a job of several ranks), so that a broken installation fails on every rank
-// at once, not at a timeout. Throws c10::Error naming the problem.
-void load_backends(int size);
+// a job of several ranks, a valid CUDA backend choice), so that a broken
+// installation fails on every rank at once, not at a timeout. Throws
+// c10::Error naming the problem.
+void load_backends(const CommConfig& config);
 
 // The job's communicator: CPU tensors to the host backend (Gloo; for one
 // rank, local copies), device tensors to the device backend (NCCL, when
-// built, connected on first use), chosen per tensor. RONDE_CUDA_BACKEND=gloo
+// built, connected on first use), chosen per tensor. cuda_backend "gloo"
 // sends CUDA tensors through the host backend instead. Throws BackendFailure
 // when the host backend cannot connect.
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config);
@@ -147,9 +159,16 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config);
 // A job of one rank: every collective is a local copy, no network.
 std::unique_ptr<Communicator> make_self_communicator();
 
-// Loads and checks the Gloo backend module; throws c10::Error naming the
-// problem. Cheap after the first call.
-void load_gloo_backend();
+// Loads and checks the Gloo backend module (once per process: the first
+// call's config wins); throws c10::Error naming the problem.
+void load_gloo_backend(const GlooModuleConfig& config);
+
+// Whether this ronde was built with the NCCL backend.
+#ifdef RONDE_WITH_NCCL
+constexpr bool kNcclBuilt = true;
+#else
+constexpr bool kNcclBuilt = false;
+#endif
 
 // Connects to every other rank through the system Gloo, rendezvousing
 // through `store` under `prefix`.
@@ -160,7 +179,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     int size,
     const std::string& hostname,
     std::chrono::milliseconds timeout,
-    const std::string& algorithm);
+    const std::string& algorithm,
+    const GlooModuleConfig& module);
 
 #ifdef RONDE_WITH_NCCL
 // The NCCL communicator of one CUDA device, connected through `store` under

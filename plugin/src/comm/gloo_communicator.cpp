@@ -76,10 +76,9 @@ std::string default_module_path() {
   return kModuleName;  // fall back to the loader's search path
 }
 
-bool deepbind_enabled() {
-  const char* v = std::getenv("RONDE_GLOO_DEEPBIND");
-  if (v != nullptr)
-    return std::strcmp(v, "0") != 0;
+bool deepbind_enabled(const GlooModuleConfig& config) {
+  if (config.deepbind)
+    return *config.deepbind;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   // The sanitizers refuse RTLD_DEEPBIND; sanitizer builds keep LibTorch's
   // Gloo out by link order instead (see CONTRIBUTING.md).
@@ -114,11 +113,11 @@ void bind_symbol(
       " (built from another ronde?)");
 }
 
-const GlooModule& load_module() {
+const GlooModule& load_module(const GlooModuleConfig& config) {
   static GlooModule module;
   static std::once_flag once;
   static std::string failure;
-  std::call_once(once, [] {
+  std::call_once(once, [&config] {
     // The one case no dlopen flag can repair: the executable itself loaded
     // the system libgloo after LibTorch, so libgloo's own internal calls
     // were already bound to LibTorch's exported copy of Gloo at start-up.
@@ -137,10 +136,10 @@ const GlooModule& load_module() {
         return;
       }
     }
-    const char* env = std::getenv("RONDE_GLOO_MODULE");
-    std::string path = env != nullptr && *env ? env : default_module_path();
+    std::string path =
+        config.path.empty() ? default_module_path() : config.path;
     int flags = RTLD_NOW | RTLD_LOCAL;
-    if (deepbind_enabled())
+    if (deepbind_enabled(config))
       flags |= RTLD_DEEPBIND;
     // Never closed: Gloo keeps threads and thread-locals alive for the life
     // of the process.
@@ -306,20 +305,18 @@ int gloo_dtype(at::ScalarType t) {
   }
 }
 
-int gloo_op(ReduceOp op) {
+int gloo_op(BackendOp op) {
   switch (op) {
-    case ReduceOp::Sum:
+    case BackendOp::Sum:
       return RONDE_GLOO_SUM;
-    case ReduceOp::Min:
+    case BackendOp::Min:
       return RONDE_GLOO_MIN;
-    case ReduceOp::Max:
+    case BackendOp::Max:
       return RONDE_GLOO_MAX;
-    case ReduceOp::Product:
+    case BackendOp::Product:
       return RONDE_GLOO_PRODUCT;
-    case ReduceOp::Average:
-      break;
   }
-  TORCH_INTERNAL_ASSERT(false, "Average reaches the backend as Sum");
+  TORCH_INTERNAL_ASSERT(false, "unknown reduction");
 }
 
 // Gloo reads and writes host memory: tensors on another device are staged
@@ -375,7 +372,7 @@ class GlooCommunicator final : public Communicator {
     return size_;
   }
 
-  void allreduce(const at::Tensor& tensor, ReduceOp op) override {
+  void allreduce(const at::Tensor& tensor, BackendOp op) override {
     int dtype = gloo_dtype(tensor.scalar_type());
     TORCH_CHECK(
         dtype >= 0,
@@ -488,8 +485,8 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
-void load_gloo_backend() {
-  load_module();
+void load_gloo_backend(const GlooModuleConfig& config) {
+  load_module(config);
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(
@@ -499,13 +496,14 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     int size,
     const std::string& hostname,
     std::chrono::milliseconds timeout,
-    const std::string& algorithm) {
+    const std::string& algorithm,
+    const GlooModuleConfig& module_config) {
   TORCH_CHECK(
       algorithm == "ring" || algorithm == "bcube",
       "ronde: unknown Gloo all-reduce algorithm '",
       algorithm,
       "': expected 'ring' or 'bcube'");
-  const GlooModule& module = load_module();
+  const GlooModule& module = load_module(module_config);
   return std::make_unique<GlooCommunicator>(
       module,
       store,

@@ -6,7 +6,7 @@
 // stable across releases, where ProcessGroupNCCL's C++ API changes with each
 // LibTorch release, brings a second watchdog and, by default, tears the
 // process down on a timeout. libnccl.so.2 is the same library LibTorch loads,
-// so there is no second copy to clash with (unlike Gloo, see DESIGN.md).
+// so there is no second copy to clash with (unlike Gloo, see CONTRIBUTING.md).
 //
 // The communicator runs in NCCL's non-blocking mode: every call returns at
 // once and is then polled, so that connecting, or an enqueue that waits for
@@ -68,20 +68,18 @@ ncclDataType_t nccl_type(at::ScalarType t) {
   }
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+ncclRedOp_t nccl_op(BackendOp op) {
   switch (op) {
-    case ReduceOp::Sum:
+    case BackendOp::Sum:
       return ncclSum;
-    case ReduceOp::Product:
+    case BackendOp::Product:
       return ncclProd;
-    case ReduceOp::Min:
+    case BackendOp::Min:
       return ncclMin;
-    case ReduceOp::Max:
+    case BackendOp::Max:
       return ncclMax;
-    case ReduceOp::Average:
-      break;
   }
-  TORCH_INTERNAL_ASSERT(false, "Average reaches the backend as Sum");
+  TORCH_INTERNAL_ASSERT(false, "unknown reduction");
 }
 
 std::string seconds_text(std::chrono::milliseconds ms) {
@@ -212,7 +210,7 @@ class NcclCommunicator final : public Communicator {
     work->fail(failure_exception("the NCCL communicator was aborted"));
   }
 
-  void allreduce(const at::Tensor& t, ReduceOp op) override {
+  void allreduce(const at::Tensor& t, BackendOp op) override {
     if (t.numel() == 0)
       return;
     const ncclDataType_t type = nccl_type(t.scalar_type());
@@ -325,7 +323,7 @@ class NcclCommunicator final : public Communicator {
     c10::cuda::CUDAGuard guard(device_);
     c10::cuda::CUDAStreamGuard on_stream(stream_);
     at::Tensor one = at::ones({1}, at::TensorOptions().device(device_));
-    allreduce(one, ReduceOp::Sum);
+    allreduce(one, BackendOp::Sum);
     const auto deadline = Clock::now() + timeout_;
     for (;;) {
       cudaError_t e = cudaStreamQuery(stream_.stream());

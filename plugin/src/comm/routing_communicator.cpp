@@ -7,24 +7,15 @@
 // and a job that never puts a tensor on the GPU never starts CUDA or NCCL.
 #include "comm/communicator.h"
 
-#include <ronde/runtime.h>
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 
 namespace ronde::detail {
 namespace {
-
-#ifdef RONDE_WITH_NCCL
-constexpr bool kNcclBuilt = true;
-#else
-constexpr bool kNcclBuilt = false;
-#endif
 
 class RoutingCommunicator final : public Communicator {
  public:
@@ -53,7 +44,7 @@ class RoutingCommunicator final : public Communicator {
     route(t).watch(t, work);
   }
 
-  void allreduce(const at::Tensor& t, ReduceOp op) override {
+  void allreduce(const at::Tensor& t, BackendOp op) override {
     route(t).allreduce(t, op);
   }
   void allgather(
@@ -126,9 +117,7 @@ class RoutingCommunicator final : public Communicator {
 
 // Which backend serves CUDA tensors, as configured: "nccl", or "gloo" for
 // the host backend through staging copies.
-std::string cuda_backend_choice() {
-  const char* v = std::getenv("RONDE_CUDA_BACKEND");
-  const std::string want = v ? v : "";
+std::string cuda_backend_choice(const std::string& want) {
   if (want.empty())
     return kNcclBuilt ? "nccl" : "gloo";
   TORCH_CHECK(
@@ -145,10 +134,10 @@ std::string cuda_backend_choice() {
 
 }  // namespace
 
-void load_backends(int size) {
-  cuda_backend_choice();  // a bad setting fails before the rendezvous
-  if (size > 1)
-    load_gloo_backend();
+void load_backends(const CommConfig& config) {
+  cuda_backend_choice(config.cuda_backend);  // fails before the rendezvous
+  if (config.size > 1)
+    load_gloo_backend(config.gloo);
 }
 
 std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
@@ -163,14 +152,11 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
         config.size,
         config.hostname,
         config.timeout,
-        config.host_algorithm);
+        config.host_algorithm,
+        config.gloo);
   }
-  return std::make_unique<RoutingCommunicator>(
-      config, std::move(host), cuda_backend_choice() == "nccl");
+  const bool nccl = cuda_backend_choice(config.cuda_backend) == "nccl";
+  return std::make_unique<RoutingCommunicator>(config, std::move(host), nccl);
 }
 
 }  // namespace ronde::detail
-
-bool ronde::nccl_built() {
-  return ronde::detail::kNcclBuilt;
-}

@@ -20,7 +20,7 @@ class SelfCommunicator final : public Communicator {
   int size() const override {
     return 1;
   }
-  void allreduce(const at::Tensor&, ReduceOp) override {}
+  void allreduce(const at::Tensor&, BackendOp) override {}
   void allgather(
       const at::Tensor& in,
       const at::Tensor& out,

@@ -1,7 +1,7 @@
 // GradScaler and AutocastGuard.
 #include <ronde/amp.h>
 
-#include <ronde/optimizer.h>
+#include <ronde/gradient_reducer.h>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -43,7 +43,7 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
       "last update()");
   TORCH_CHECK(!stepped_, "ronde: unscale() after step(): call update() first");
   std::vector<at::Tensor> grads;
-  if (auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer)) {
+  if (GradientSync* d = gradient_sync_of(optimizer)) {
     d->synchronize();  // all ranks now hold the same averaged gradients
     grads = d->gradient_buffers();
   } else {
@@ -83,7 +83,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   stepped_ = true;
   last_skipped_ = found_inf_;
   if (found_inf_) {
-    if (auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer))
+    if (GradientSync* d = gradient_sync_of(optimizer))
       d->skip_step();
     return false;
   }

@@ -3,7 +3,7 @@
 // continues exactly where it stopped.
 #include <ronde/schedule.h>
 
-#include <ronde/optimizer.h>
+#include <ronde/gradient_reducer.h>
 #include <ronde/runtime.h>
 
 #include <ATen/ATen.h>
@@ -138,7 +138,7 @@ WarmupScheduler::WarmupScheduler(
       options_.multiplier());
   multiplier_ = options_.multiplier();
   if (multiplier_ == 0) {
-    auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer_);
+    const GradientSync* d = gradient_sync_of(optimizer_);
     multiplier_ = d != nullptr ? d->lr_scale_factor() : 1.0;
   }
   for (auto& g : optimizer_.param_groups()) {

@@ -38,23 +38,6 @@ int parse_env_int(
   return static_cast<int>(v);
 }
 
-std::optional<double> positive_env_number(const char* name, const char* unit) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0')
-    return std::nullopt;
-  char* end = nullptr;
-  double x = std::strtod(v, &end);
-  TORCH_CHECK(
-      end != v && *end == '\0' && x > 0,
-      "ronde: ",
-      name,
-      "='",
-      v,
-      "' is not a positive number of ",
-      unit);
-  return x;
-}
-
 EnvLookup process_env() {
   return [](const std::string& name) -> std::optional<std::string> {
     const char* v = std::getenv(name.c_str());

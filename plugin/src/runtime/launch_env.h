@@ -41,9 +41,4 @@ EnvLookup process_env();
 int parse_env_int(
     const std::string& what, const std::string& value, int lo, int hi);
 
-// A knob's environment variable holding a positive number: nullopt when
-// unset or empty; c10::Error naming the variable when it is not positive.
-// `unit` says what the number counts, for the message.
-std::optional<double> positive_env_number(const char* name, const char* unit);
-
 }  // namespace ronde::detail

@@ -1,7 +1,6 @@
 #include "runtime/stall_inspector.h"
 
-#include "runtime/launch_env.h"
-#include "runtime/runtime_state.h"
+#include "runtime/rendezvous.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -22,19 +21,24 @@ std::string as_string(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
-StallOptions stall_options_from_env() {
+StallOptions stall_options(const Settings& settings) {
   StallOptions o;
-  if (auto w = positive_env_number("RONDE_STALL_WARNING_SECONDS", "seconds")) {
-    o.warning_seconds = *w;
-  }
-  if (auto s = positive_env_number("RONDE_STALL_SHUTDOWN_SECONDS", "seconds")) {
-    o.shutdown_seconds = *s;
-  }
+  if (settings.stall_warning_seconds)
+    o.warning_seconds = *settings.stall_warning_seconds;
+  if (settings.stall_shutdown_seconds)
+    o.shutdown_seconds = *settings.stall_shutdown_seconds;
   return o;
 }
 
-StallInspector::StallInspector(Runtime& rt, StallOptions options)
-    : rt_(rt), options_(options) {
+StallInspector::StallInspector(
+    c10::intrusive_ptr<c10d::Store> store,
+    LaunchInfo info,
+    StallOptions options,
+    StallWatch watch)
+    : store_(std::move(store)),
+      info_(std::move(info)),
+      options_(options),
+      watch_(std::move(watch)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -52,15 +56,15 @@ StallInspector::~StallInspector() {
 std::string StallInspector::describe_missing(int64_t started) {
   std::vector<int> missing;
   std::ostringstream last;
-  for (int r = 0; r < rt_.info.size; ++r) {
-    if (r == rt_.info.rank) {
+  for (int r = 0; r < info_.size; ++r) {
+    if (r == info_.rank) {
       continue;
     }
-    const std::string key = rt_.key("progress/" + std::to_string(r));
+    const std::string key = job_key(info_, "progress/" + std::to_string(r));
     int64_t theirs = 0;
     std::string what = "nothing yet";
-    if (rt_.store->check({key})) {
-      std::string v = as_string(rt_.store->get(key));
+    if (store_->check({key})) {
+      std::string v = as_string(store_->get(key));
       auto bar = v.find('|');
       theirs = std::stoll(v.substr(0, bar));
       what = bar == std::string::npos ? "" : v.substr(bar + 1);
@@ -100,19 +104,19 @@ void StallInspector::loop() {
     try {
       // Another rank gave up on a stall: close this rank's connections too,
       // which is what wakes the collectives blocked on them everywhere.
-      const std::string abort_key = rt_.key("stall_shutdown");
-      if (!interrupted && rt_.store->check({abort_key})) {
-        std::cerr << "ronde: rank " << rt_.info.rank
+      const std::string abort_key = job_key(info_, "stall_shutdown");
+      if (!interrupted && store_->check({abort_key})) {
+        std::cerr << "ronde: rank " << info_.rank
                   << ": closing connections: "
-                  << as_string(rt_.store->get(abort_key)) << std::endl;
-        rt_.comm->interrupt();
+                  << as_string(store_->get(abort_key)) << std::endl;
+        watch_.interrupt();
         interrupted = true;
       }
-      auto p = rt_.worker->progress();
+      auto p = watch_.progress();
       if (p.started != published) {
         std::string v = std::to_string(p.started) + "|" + p.what;
-        rt_.store->set(
-            rt_.key("progress/" + std::to_string(rt_.info.rank)),
+        store_->set(
+            job_key(info_, "progress/" + std::to_string(info_.rank)),
             std::vector<uint8_t>(v.begin(), v.end()));
         published = p.started;
       }
@@ -124,7 +128,7 @@ void StallInspector::loop() {
       if (waited >= options_.warning_seconds && warned != p.started) {
         std::string missing = describe_missing(p.started);
         if (!missing.empty()) {
-          std::cerr << "ronde: stall warning: rank " << rt_.info.rank
+          std::cerr << "ronde: stall warning: rank " << info_.rank
                     << " has waited " << static_cast<int64_t>(waited)
                     << " s in collective #" << p.started << " " << p.what
                     << "; " << missing << std::endl;
@@ -135,7 +139,7 @@ void StallInspector::loop() {
           waited >= options_.shutdown_seconds && !interrupted) {
         std::string missing = describe_missing(p.started);
         std::ostringstream why;
-        why << "rank " << rt_.info.rank << " gave up after "
+        why << "rank " << info_.rank << " gave up after "
             << static_cast<int64_t>(waited) << " s in collective #" << p.started
             << " " << p.what
             << " (RONDE_STALL_SHUTDOWN_SECONDS=" << options_.shutdown_seconds
@@ -146,7 +150,7 @@ void StallInspector::loop() {
         // its own would not (a closed connection no longer reports the
         // peer's end), so this rank keeps its side open.
         std::string v = why.str();
-        rt_.store->set(abort_key, std::vector<uint8_t>(v.begin(), v.end()));
+        store_->set(abort_key, std::vector<uint8_t>(v.begin(), v.end()));
         interrupted = true;
       }
     } catch (const std::exception& e) {

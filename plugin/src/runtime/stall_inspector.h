@@ -13,15 +13,24 @@
 // themselves to ever fire: the timeout ends the wait first otherwise.
 #pragma once
 
+#include "runtime/launch_env.h"
+#include "runtime/settings.h"
+
+#include <c10/util/intrusive_ptr.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 
-namespace ronde::detail {
+namespace c10d {
+class Store;
+}
 
-struct Runtime;
+namespace ronde::detail {
 
 struct StallOptions {
   double warning_seconds = 60;
@@ -29,12 +38,35 @@ struct StallOptions {
 };
 
 // From RONDE_STALL_WARNING_SECONDS and RONDE_STALL_SHUTDOWN_SECONDS.
-StallOptions stall_options_from_env();
+StallOptions stall_options(const Settings& settings);
+
+// What the collectives of this rank have done: the communication worker's
+// account, read by the inspector about once a second.
+struct WorkProgress {
+  int64_t started = 0;  // collectives started so far, this one included
+  bool running = false;
+  std::string what;  // the running (else the last) collective
+  std::chrono::steady_clock::time_point since;  // when it started
+};
+
+// What the inspector watches and whom it tells, handed in by init() so that
+// the runtime needs no part of comm/.
+struct StallWatch {
+  std::function<WorkProgress()> progress;
+  // Closes this rank's connections from the inspector's thread, so that
+  // collectives blocked on them fail now.
+  std::function<void()> interrupt;
+};
 
 class StallInspector {
  public:
-  // Starts the thread; `rt` must outlive the inspector.
-  StallInspector(Runtime& rt, StallOptions options);
+  // Starts the thread. `store` is the job's; `watch`'s functions must stay
+  // callable until the inspector is destroyed.
+  StallInspector(
+      c10::intrusive_ptr<c10d::Store> store,
+      LaunchInfo info,
+      StallOptions options,
+      StallWatch watch);
   ~StallInspector();
   StallInspector(const StallInspector&) = delete;
   StallInspector& operator=(const StallInspector&) = delete;
@@ -44,8 +76,10 @@ class StallInspector {
   // "ranks 1, 3 have not reached it (rank 1 last started #41 allreduce 'x')"
   std::string describe_missing(int64_t started);
 
-  Runtime& rt_;
-  StallOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  const LaunchInfo info_;
+  const StallOptions options_;
+  const StallWatch watch_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mutex_

@@ -27,39 +27,12 @@ class _DistributedOptimizer:
             self._ronde_should_synchronize = True
 
     def step(self, closure=None):
-        reducer = self._ronde_reducer
-        if closure is not None:
-            return self._ronde_closure_step(closure)
-        if self._ronde_should_synchronize:
-            reducer.synchronize()
-        elif not reducer.synchronized():
-            raise RuntimeError(
-                "ronde: step() inside skip_synchronize() before "
-                "synchronize(): the gradients are not averaged yet")
-        out = super().step()
-        reducer.finish_step()
-        return out
-
-    def _ronde_closure_step(self, closure):
-        # Each evaluation is one synchronised backward pass, and its loss
-        # the mean over ranks: line searches then decide alike everywhere.
-        reducer = self._ronde_reducer
-        if reducer.backward_passes_per_step() != 1:
-            raise RuntimeError(
-                "ronde: step(closure) evaluates the closure itself; use "
-                "backward_passes_per_step = 1 with it")
-
-        def synced():
-            reducer.finish_step()
-            loss = closure()
-            reducer.synchronize()
-            if loss is None:
-                return loss
-            return _C.allreduce(loss.detach(), name="ronde.closure_loss")
-
-        out = super().step(synced)
-        reducer.finish_step()
-        return out
+        # The engine's step: synchronize (or check that it was), then the
+        # optimizer's own step, then end the step; with a closure (LBFGS),
+        # each evaluation synchronised and its loss averaged over ranks.
+        base_step = super().step
+        return self._ronde_reducer.step(
+            base_step, closure, self._ronde_should_synchronize)
 
     def zero_grad(self, set_to_none=True):
         # A step synchronised but never taken (torch.amp.GradScaler skips

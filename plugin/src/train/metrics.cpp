@@ -3,6 +3,7 @@
 #include <ronde/runtime.h>
 
 #include "runtime/json_text.h"
+#include "runtime/settings.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -19,11 +20,6 @@
 namespace ronde {
 
 namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
 
 // A JSON number; NaN and infinities (a diverged loss) become null.
 std::string json_number(double v) {
@@ -68,7 +64,7 @@ TrainingMonitor::TrainingMonitor(MonitorOptions options, std::ostream& out)
     rank_ = rank();
     size_ = size();
   }
-  if (env_flag("RONDE_LOG_ALL_RANKS")) {
+  if (detail::settings().log_all_ranks) {
     options_.all_ranks(true);
   }
   printing_ = rank_ == 0 || options_.all_ranks();

@@ -19,7 +19,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,32 +106,10 @@ inline bool unpack_whole(
 // spreads a bucket of tens of MB over too few blocks; not on the CPU,
 // where both are loops of memcpy-like copies: the same speed at 25 and
 // 64 MB, and the multi-tensor copy 10-30% faster for buckets that fit in
-// cache (4 and 8 MB; 2 cores). RONDE_BUCKET_COPY=whole or =multi
-// overrides that on every device.
-// RONDE_BUCKET_COPY's value: -1 unset (by device), 1 whole, 0 multi.
-inline int parse_bucket_copy(const char* v) {
-  if (v == nullptr || *v == '\0')
-    return -1;
-  const std::string s = v;
-  TORCH_CHECK(
-      s == "whole" || s == "multi",
-      "ronde: RONDE_BUCKET_COPY='",
-      s,
-      "' is neither 'whole' nor 'multi'");
-  return s == "whole" ? 1 : 0;
-}
-
-// The process's setting, read once (DistributedOptimizer reads it when it is
-// made, so that a bad value fails there rather than in backward).
-inline int bucket_copy_setting() {
-  static const int setting =
-      parse_bucket_copy(std::getenv("RONDE_BUCKET_COPY"));
-  return setting;
-}
-
-inline bool prefers_whole(const at::Tensor& flat) {
-  const int setting = bucket_copy_setting();
-  return setting < 0 ? flat.is_cuda() : setting == 1;
+// cache (4 and 8 MB; 2 cores). `setting` (RONDE_BUCKET_COPY: true for
+// whole, false for multi) overrides that on every device.
+inline bool prefers_whole(const at::Tensor& flat, std::optional<bool> setting) {
+  return setting ? *setting : flat.is_cuda();
 }
 
 // What the engine does for one bucket: the whole-bucket kernel when it
@@ -139,16 +117,18 @@ inline bool prefers_whole(const at::Tensor& flat) {
 inline void pack_segments(
     const at::Tensor& flat,
     const std::vector<at::Tensor>& segments,
-    const std::vector<at::Tensor>& grads) {
-  if (!prefers_whole(flat) || !pack_whole(flat, segments, grads))
+    const std::vector<at::Tensor>& grads,
+    std::optional<bool> setting) {
+  if (!prefers_whole(flat, setting) || !pack_whole(flat, segments, grads))
     batched_copy(segments, grads);
 }
 
 inline void unpack_segments(
     const at::Tensor& flat,
     const std::vector<at::Tensor>& segments,
-    const std::vector<at::Tensor>& grads) {
-  if (!prefers_whole(flat) || !unpack_whole(flat, segments, grads))
+    const std::vector<at::Tensor>& grads,
+    std::optional<bool> setting) {
+  if (!prefers_whole(flat, setting) || !unpack_whole(flat, segments, grads))
     batched_copy(grads, segments);
 }
 

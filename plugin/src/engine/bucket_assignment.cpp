@@ -1,6 +1,6 @@
 // Greedy bucket assignment, as c10d's Reducer does it: fill per key in ready
 // order, close at the cap.
-#include "optim/bucket_assignment.h"
+#include "engine/bucket_assignment.h"
 
 #include <c10/util/Exception.h>
 

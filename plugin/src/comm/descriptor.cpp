@@ -1,0 +1,211 @@
+// Descriptors: making one, comparing them, and the message of a mismatch.
+#include "comm/descriptor.h"
+
+#include <ronde/collectives.h>
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+namespace ronde::detail {
+namespace {
+
+void copy_text(char* dst, size_t cap, const std::string& s) {
+  size_t n = std::min(cap - 1, s.size());
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+bool ragged(OpKind kind) {
+  return kind == OpKind::Allgather || kind == OpKind::Alltoall;
+}
+
+std::string shape_text(const Descriptor& d, bool skip_dim0) {
+  if (d.ndim < 0)
+    return "<undefined>";
+  std::ostringstream os;
+  os << c10::toString(static_cast<at::ScalarType>(d.dtype)) << "[";
+  for (int i = 0; i < d.ndim; ++i) {
+    os << (i ? ", " : "");
+    if (i == 0 && skip_dim0) {
+      os << "*";
+    } else {
+      os << d.dims[i];
+    }
+  }
+  os << "]";
+  return os.str();
+}
+
+// A text field of a descriptor: bounded, since a peer's bytes need not end
+// in a terminator.
+template <size_t N>
+std::string field(const char (&text)[N]) {
+  return std::string(text, strnlen(text, N));
+}
+
+// What must agree across ranks for this op, as text: ranks are grouped by it.
+std::string signature(const Descriptor& d) {
+  auto kind = static_cast<OpKind>(d.kind);
+  std::ostringstream os;
+  os << to_string(kind);
+  if (d.op >= 0)
+    os << "(" << to_string(static_cast<ReduceOp>(d.op)) << ")";
+  if (d.root >= 0)
+    os << "(root " << d.root << ")";
+  if (kind != OpKind::Barrier)
+    os << " " << shape_text(d, ragged(kind));
+  if (d.name[0] != '\0')
+    os << " '" << field(d.name) << "'";
+  if (d.backend[0] != '\0')
+    os << " on " << field(d.backend);
+  return os.str();
+}
+
+// Whether two descriptors call for the same collective: every field of the
+// signature, compared as bytes (dims past ndim and text past its end are
+// zero on both sides). The dim 0 of a ragged collective may differ.
+bool same_call(const Descriptor& a, const Descriptor& b) {
+  if (a.kind != b.kind || a.op != b.op || a.root != b.root)
+    return false;
+  if (static_cast<OpKind>(a.kind) != OpKind::Barrier) {
+    if (a.dtype != b.dtype || a.ndim != b.ndim)
+      return false;
+    const int first = ragged(static_cast<OpKind>(a.kind)) ? 1 : 0;
+    if (std::memcmp(
+            a.dims + first,
+            b.dims + first,
+            sizeof(int64_t) * (kMaxDims - first)) != 0)
+      return false;
+  }
+  return std::memcmp(a.name, b.name, sizeof(a.name)) == 0 &&
+      std::memcmp(a.backend, b.backend, sizeof(a.backend)) == 0;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() > 1 ? "ranks " : "rank ");
+  for (size_t i = 0; i < ranks.size(); ++i)
+    os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+[[noreturn]] void throw_mismatch(const std::vector<Descriptor>& all, int me) {
+  std::map<std::string, std::vector<int>> groups;
+  for (size_t r = 0; r < all.size(); ++r)
+    groups[signature(all[r])].push_back(static_cast<int>(r));
+  std::ostringstream os;
+  os << "ronde: ranks disagree on a collective (seen on rank " << me << "): ";
+  // Order by lowest rank so every rank prints the same message.
+  std::vector<std::pair<int, std::string>> ordered;
+  for (auto& [sig, ranks] : groups)
+    ordered.emplace_back(ranks.front(), rank_list(ranks) + " called " + sig);
+  std::sort(ordered.begin(), ordered.end());
+  bool first = true;
+  for (auto& [_, text] : ordered) {
+    os << (first ? "" : "; ") << text;
+    first = false;
+  }
+  TORCH_CHECK(false, os.str());
+}
+
+}  // namespace
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::Allreduce:
+      return "allreduce";
+    case OpKind::Allgather:
+      return "allgather";
+    case OpKind::Broadcast:
+      return "broadcast";
+    case OpKind::Alltoall:
+      return "alltoall";
+    case OpKind::Reducescatter:
+      return "reducescatter";
+    case OpKind::Barrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+Descriptor describe(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    int op,
+    int root,
+    const std::string& backend,
+    std::string& error) {
+  Descriptor d;
+  d.kind = static_cast<int32_t>(kind);
+  d.op = op;
+  d.root = root;
+  copy_text(d.name, sizeof(d.name), name);
+  copy_text(d.backend, sizeof(d.backend), backend);
+  if (kind != OpKind::Barrier) {
+    if (!t.defined()) {
+      error = "the tensor is undefined";
+    } else {
+      d.dtype = static_cast<int32_t>(t.scalar_type());
+      d.ndim = static_cast<int32_t>(t.dim());
+      if (t.dim() > kMaxDims) {
+        error = "tensors of more than 16 dimensions are not supported";
+        d.ndim = kMaxDims;
+      }
+      for (int i = 0; i < d.ndim; ++i)
+        d.dims[i] = t.size(i);
+    }
+  }
+  copy_text(d.error, sizeof(d.error), error);
+  return d;
+}
+
+int64_t described_bytes(const Descriptor& d) {
+  if (d.dtype < 0 || d.ndim < 0)
+    return 0;
+  int64_t bytes = static_cast<int64_t>(
+      c10::elementSize(static_cast<c10::ScalarType>(d.dtype)));
+  for (int i = 0; i < d.ndim && i < kMaxDims; ++i)
+    bytes *= d.dims[i];
+  return bytes;
+}
+
+void check_descriptors(const std::vector<Descriptor>& all, int me) {
+  TORCH_INTERNAL_ASSERT(!all.empty(), "no descriptors to check");
+  bool agree = true;
+  bool complaint = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    TORCH_INTERNAL_ASSERT(
+        all[r].magic == kDescriptorMagic,
+        "ronde: corrupt collective descriptor from rank ",
+        r);
+    agree = agree && same_call(all[0], all[r]);
+    complaint = complaint || all[r].error[0] != '\0';
+  }
+  if (!agree)
+    throw_mismatch(all, me);
+  if (!complaint)
+    return;
+  std::ostringstream errors;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].error[0] != '\0') {
+      errors << (errors.tellp() > 0 ? "; " : "") << "rank " << r << ": "
+             << field(all[r].error);
+    }
+  }
+  const Descriptor& mine = all[static_cast<size_t>(me)];
+  TORCH_CHECK(
+      false,
+      "ronde: ",
+      to_string(static_cast<OpKind>(mine.kind)),
+      mine.name[0] ? " of '" + field(mine.name) + "'" : "",
+      " rejected: ",
+      errors.str());
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,70 @@
+// The cross-rank check of a collective: before a collective runs, every rank
+// contributes a small fixed-size descriptor of its call (kind, op, dtype,
+// shape, root, name, backend, and any complaint about its own input), and
+// every rank checks all of them alike. A mismatch then fails on every rank
+// with the same message instead of hanging or corrupting memory.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace ronde::detail {
+
+enum class OpKind : int32_t {
+  Allreduce = 1,
+  Allgather,
+  Broadcast,
+  Alltoall,
+  Reducescatter,
+  Barrier,
+};
+
+const char* to_string(OpKind k);
+
+constexpr uint32_t kDescriptorMagic = 0x524f4e44;  // "ROND"
+constexpr int kMaxDims = 16;
+
+// Fixed-size and trivially copyable: it travels as raw bytes. Unused bytes
+// are zero, so two descriptors of the same call compare equal as bytes.
+struct Descriptor {
+  uint32_t magic = kDescriptorMagic;
+  int32_t kind = 0;
+  int32_t dtype = -1;  // at::ScalarType, -1 for none
+  int32_t op = -1;     // ronde::ReduceOp, -1 for none
+  int32_t root = -1;
+  int32_t ndim = -1;
+  int64_t dims[kMaxDims] = {0};
+  // The backend serving the tensor when it is not the job's host backend
+  // (a CUDA tensor on NCCL); empty otherwise.
+  char backend[16] = {0};
+  char name[128] = {0};
+  char error[200] = {0};  // this rank's own complaint about its input
+};
+static_assert(std::is_trivially_copyable_v<Descriptor>);
+
+// This rank's descriptor of a call on `t` (undefined for a barrier). `error`
+// is the caller's complaint about its input, if any; a tensor the descriptor
+// cannot carry (too many dimensions) adds one.
+Descriptor describe(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    int op,
+    int root,
+    const std::string& backend,
+    std::string& error);
+
+// The bytes of a tensor described by `d` (0 without one).
+int64_t described_bytes(const Descriptor& d);
+
+// Checks every rank's descriptor (`all`, in rank order) as seen by `me`.
+// Throws c10::Error, with the same message on every rank, when the ranks
+// disagree on the call or any rank reported a problem with its input. Ranks
+// that agree cost a byte comparison each; text is built only for a mismatch.
+void check_descriptors(const std::vector<Descriptor>& all, int me);
+
+}  // namespace ronde::detail

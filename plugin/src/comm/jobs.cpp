@@ -1,0 +1,180 @@
+// Jobs: descriptor exchange, stream fencing and failure translation around
+// each collective's body.
+//
+// Device tensors: at submit the caller's stream gets a "ready" event; the job
+// runs its device work on the backend's stream (NCCL's own) or on a side
+// stream (staging copies for Gloo), after that event, and ends with a "done"
+// event that Handle::wait() orders the waiter's stream after. The caching
+// allocator learns of every cross-stream use (record_stream), so no buffer is
+// reused while the other stream may still touch it.
+#include "comm/jobs.h"
+
+#include "comm/world.h"
+
+#include <ronde/errors.h>
+#include <ronde/timeline.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace ronde::detail {
+namespace {
+
+// Exchanges descriptors and throws the same c10::Error on every rank if
+// they disagree or any rank reported a problem with its input.
+std::vector<Descriptor> exchange(Communicator& comm, const Descriptor& mine) {
+  const int n = comm.size();
+  std::vector<Descriptor> all(n);
+  auto in = at::from_blob(
+      const_cast<Descriptor*>(&mine), {sizeof(Descriptor)}, at::kByte);
+  auto out = at::from_blob(
+      all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
+  comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
+  check_descriptors(all, comm.rank());
+  return all;
+}
+
+// Stream order between the caller and the job, for a call on device tensors.
+struct Fence {
+  c10::Stream caller;  // the submitting thread's current stream
+  c10::Event ready;    // recorded on it at submit
+};
+
+// The stream a host backend's staging copies run on, one per device.
+c10::Stream side_stream(c10::Device device) {
+  static std::mutex mutex;
+  static std::unordered_map<c10::Device, c10::Stream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    it = streams
+             .emplace(
+                 device,
+                 impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true))
+             .first;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+Call make_call(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    bool verify,
+    int op,
+    int root,
+    std::string error) {
+  // The backend travels in the descriptor only when it is not the host's.
+  std::string via;
+  if (t.defined() && !t.is_cpu()) {
+    Communicator& comm = *world(to_string(kind)).comm;
+    via = comm.backend_for(t);
+    if (via == comm.backend())
+      via.clear();
+  }
+  Descriptor d = describe(kind, t, name, op, root, via, error);
+  at::Tensor anchor =
+      error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
+  return Call{kind, name, verify, d, anchor};
+}
+
+void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
+  comm.abort();
+  World& w = world("collective");
+  throw CommError(
+      e.kind,
+      to_string(call.kind),
+      call.name,
+      w.rank,
+      w.failed_peers ? w.failed_peers() : std::vector<int>{},
+      comm.backend(),
+      e.what());
+}
+
+Handle submit(
+    Call call, Body body, std::vector<at::Tensor> uses, bool blocking) {
+  World& w = world(to_string(call.kind));
+  if (!call.verify && call.desc.error[0] != '\0') {
+    // Without the exchange the other ranks cannot learn of it; fail here.
+    TORCH_CHECK(
+        false,
+        "ronde: ",
+        to_string(call.kind),
+        " on rank ",
+        w.rank,
+        ": ",
+        call.desc.error);
+  }
+  const int64_t submitted_us = timeline_enabled() ? timeline_now_us() : -1;
+  std::string what = to_string(call.kind);
+  if (!call.name.empty())
+    what += " '" + call.name + "'";
+  std::shared_ptr<Fence> fence;
+  if (call.anchor.defined()) {
+    const c10::Device device = call.anchor.device();
+    c10::impl::VirtualGuardImpl impl(device.type());
+    fence = std::make_shared<Fence>(
+        Fence{impl.getStream(device), c10::Event(device.type())});
+    fence->ready.record(fence->caller);
+  }
+  return w.worker->submit(
+      [call = std::move(call),
+       body = std::move(body),
+       uses = std::move(uses),
+       fence,
+       what,
+       submitted_us](Communicator& comm, HandleState& state) {
+        const int64_t start_us = submitted_us >= 0 ? timeline_now_us() : -1;
+        // The exchange first (host memory only): ranks that disagree, on
+        // the backend too, learn it before a device backend connects.
+        std::vector<Descriptor> all;
+        if (call.verify) {
+          guarded(comm, call, [&] { all = exchange(comm, call.desc); });
+        }
+        std::optional<c10::Stream> exec;
+        if (fence) {
+          guarded(comm, call, [&] { exec = comm.stream_for(call.anchor); });
+          if (!exec)
+            exec = side_stream(call.anchor.device());
+          fence->ready.block(*exec);
+        }
+        c10::OptionalStreamGuard on_exec(exec);
+        body(comm, state, all, call);
+        if (fence) {
+          for (const auto& t : uses) {
+            if (t.defined() && !t.is_cpu())
+              t.record_stream(*exec);
+          }
+          // Made on the job's stream, handed to the caller's.
+          if (state.result.defined() && !state.result.is_cpu())
+            state.result.record_stream(fence->caller);
+          c10::Event done(exec->device_type());
+          done.record(*exec);
+          state.device = std::make_shared<DeviceWork>(std::move(done), what);
+          comm.watch(call.anchor, state.device);
+        }
+        if (start_us >= 0) {
+          timeline_span(
+              std::string(to_string(call.kind)) + " " + call.name,
+              "collective",
+              start_us,
+              timeline_now_us(),
+              "\"bytes\":" + std::to_string(described_bytes(call.desc)) +
+                  ",\"queued_us\":" + std::to_string(start_us - submitted_us) +
+                  ",\"verified\":" + (call.verify ? "true" : "false"));
+        }
+      },
+      blocking,
+      what);
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,73 @@
+// How a collective becomes a job on the communication worker: the call's
+// descriptor and the exchange that checks it, the stream fence for device
+// tensors, and the translation of a backend failure into a CommError that
+// names the suspects. Each collective's body (collectives.cpp) runs inside.
+#pragma once
+
+#include "comm/comm_worker.h"
+#include "comm/communicator.h"
+#include "comm/descriptor.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+
+struct Call {
+  OpKind kind;
+  std::string name;
+  bool verify = true;
+  Descriptor desc;
+  // The input, when it lives on a device: its device and the caller's
+  // stream there decide how the job orders its work.
+  at::Tensor anchor;
+};
+
+// A call on `t` (undefined for a barrier) by this rank; `error` is this
+// rank's complaint about its input, empty when there is none.
+Call make_call(
+    OpKind kind,
+    const at::Tensor& t,
+    const std::string& name,
+    bool verify,
+    int op,
+    int root,
+    std::string error);
+
+// The collective's own work, run by the job after the descriptor exchange;
+// `all` holds every rank's descriptor (empty when the call skipped the
+// exchange).
+using Body = std::function<void(
+    Communicator&,
+    HandleState&,
+    const std::vector<Descriptor>& all,
+    const Call&)>;
+
+// Queues the job. `uses` are tensors made on the caller's side that the job
+// reads or writes: on a device they are marked as used by the job's stream
+// too. `blocking`: the caller waits on the handle at once, so the job may
+// run on the caller's thread (see CommWorker::submit).
+Handle submit(
+    Call call, Body body, std::vector<at::Tensor> uses, bool blocking);
+
+// A backend failure during `call`: aborts the communicator (so that peers
+// blocked on this rank fail fast too) and throws a CommError naming the
+// collective and the suspect ranks.
+[[noreturn]] void fail_call(
+    Communicator& comm, const Call& call, const BackendFailure& e);
+
+// Runs a backend step of a job, turning a peer or network failure into the
+// CommError of fail_call().
+template <typename F>
+void guarded(Communicator& comm, const Call& call, F&& fn) {
+  try {
+    fn();
+  } catch (const BackendFailure& e) {
+    fail_call(comm, call, e);
+  }
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,96 @@
+#include "engine/bucket_layout.h"
+
+#include "engine/bucket_assignment.h"
+#include "engine/cross_rank_check.h"
+
+#include <ATen/ATen.h>
+
+namespace ronde::detail {
+namespace {
+
+std::vector<int64_t> dense_strides(at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+std::string bucket_name(
+    size_t index,
+    const std::vector<size_t>& members,
+    const BucketLayout& layout,
+    const std::vector<std::string>& names) {
+  std::string list;
+  for (size_t pos = 0; pos < members.size() && pos < 3; ++pos)
+    list += (pos ? ", " : "") + names[layout.slots[members[pos]].index];
+  if (members.size() > 3)
+    list += ", +" + std::to_string(members.size() - 3) + " more";
+  return "ronde.bucket." + std::to_string(index) + " [" + list + "]";
+}
+
+}  // namespace
+
+std::vector<size_t> reverse_order(size_t n) {
+  std::vector<size_t> order;
+  order.reserve(n);
+  for (size_t i = n; i-- > 0;)
+    order.push_back(i);
+  return order;
+}
+
+BucketLayout make_layout(
+    const std::vector<std::string>& names,
+    const std::vector<at::Tensor>& params,
+    const std::vector<size_t>& order,
+    size_t first_cap,
+    size_t cap) {
+  BucketLayout layout;
+  layout.slot_of.assign(params.size(), 0);
+  std::vector<size_t> bytes;
+  std::vector<std::string> keys;
+  for (size_t i : order) {
+    LayoutSlot slot;
+    slot.param = params[i];
+    slot.index = i;
+    layout.slot_of[i] = layout.slots.size();
+    layout.slots.push_back(std::move(slot));
+    bytes.push_back(params[i].numel() * params[i].element_size());
+    keys.push_back(dtype_device_key(params[i]));
+  }
+  for (auto& members : assign_buckets(bytes, keys, first_cap, cap)) {
+    LayoutBucket b;
+    int64_t numel = 0;
+    for (size_t s : members)
+      numel += layout.slots[s].param.numel();
+    const at::Tensor& first = layout.slots[members.front()].param;
+    b.buffer = at::zeros(
+        {numel + static_cast<int64_t>(members.size())},
+        first.options().requires_grad(false));
+    b.flat = b.buffer.narrow(0, 0, numel);
+    b.mask = b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));
+    int64_t offset = 0;
+    for (size_t pos = 0; pos < members.size(); ++pos) {
+      LayoutSlot& s = layout.slots[members[pos]];
+      s.bucket = layout.buckets.size();
+      s.pos = pos;
+      // An alias of the bucket's storage rather than an autograd view:
+      // LibTorch's zero_grad() calls detach_(), which views refuse.
+      s.view = at::empty({0}, b.buffer.options())
+                   .set_(
+                       b.buffer.storage(),
+                       b.buffer.storage_offset() + offset,
+                       s.param.sizes(),
+                       dense_strides(s.param.sizes()));
+      offset += s.param.numel();
+    }
+    b.name = bucket_name(layout.buckets.size(), members, layout, names);
+    b.slots = std::move(members);
+    layout.buckets.push_back(std::move(b));
+  }
+  return layout;
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,56 @@
+// Where each gradient lives during its all-reduce: the parameters' order of
+// readiness, their grouping into buckets (bucket_assignment.h), and each
+// bucket's flat buffer with a view per parameter and the used-mask after
+// them. Pure data, built in one call, so that a later layout (rebuilt from
+// the order gradients were seen in) can replace it between steps.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+
+struct LayoutSlot {
+  at::Tensor param;
+  size_t index = 0;   // the parameter's position in the user's list
+  size_t bucket = 0;  // which bucket holds it
+  size_t pos = 0;     // its position within that bucket
+  at::Tensor view;    // its segment of the bucket buffer, shaped like it
+};
+
+struct LayoutBucket {
+  std::vector<size_t> slots;  // into BucketLayout::slots, in bucket order
+  // [every segment, then one used flag per parameter]: one all-reduce tells
+  // both the sum and which ranks produced each gradient.
+  at::Tensor buffer;
+  at::Tensor flat;  // the segments: buffer less the mask
+  at::Tensor mask;
+  // The collective's name: the bucket's index and first parameters, so
+  // that errors and stall reports say which tensors are involved.
+  std::string name;
+};
+
+struct BucketLayout {
+  std::vector<LayoutSlot> slots;      // in expected ready order
+  std::vector<LayoutBucket> buckets;  // in launch order
+  std::vector<size_t> slot_of;        // parameter index -> slot
+};
+
+// `params[order[k]]` is the k-th parameter expected to be ready; `names` are
+// the user's names, by parameter index. Buckets hold parameters of one dtype
+// and device, `first_cap` bytes for the first of each kind, `cap` after.
+BucketLayout make_layout(
+    const std::vector<std::string>& names,
+    const std::vector<at::Tensor>& params,
+    const std::vector<size_t>& order,
+    size_t first_cap,
+    size_t cap);
+
+// Reverse registration order: what backward produces first comes last in a
+// model's parameter list.
+std::vector<size_t> reverse_order(size_t n);
+
+}  // namespace ronde::detail

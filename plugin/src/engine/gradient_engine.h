@@ -1,0 +1,132 @@
+// The gradient engine: a post-hook on each parameter's gradient accumulator
+// marks the parameter ready during backward; a bucket whose parameters are
+// all ready is packed and all-reduced at once, asynchronously, provided
+// every earlier bucket has been launched (so every rank launches the same
+// buckets in the same order whatever order the hooks fire in).
+// synchronize() launches what is left, waits, and writes the averaged
+// gradients back. DistributedOptimizer and GradientReducer are its users;
+// see docs/architecture.md for the path of one gradient through it.
+#pragma once
+
+#include "engine/bucket_layout.h"
+#include "runtime/settings.h"
+
+#include <ronde/gradient_reducer.h>
+
+#include <torch/csrc/autograd/function.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+
+class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
+ public:
+  // How the autograd graph holds a node: std::shared_ptr up to LibTorch
+  // 2.12, c10::intrusive_ptr from 2.13. Taken from the API, so both build.
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(
+      std::declval<const at::Tensor&>()));
+
+  // Checks the options and, across ranks, that every rank has the same
+  // parameters; then lays out the buckets and hooks every parameter (the
+  // hooks go when the engine does). `params` all require grad.
+  static std::shared_ptr<GradientEngine> create(
+      std::vector<std::string> names,
+      std::vector<at::Tensor> params,
+      const DistributedOptimizerOptions& options);
+  ~GradientEngine();
+  GradientEngine(const GradientEngine&) = delete;
+  GradientEngine& operator=(const GradientEngine&) = delete;
+
+  // The autograd hook of parameter `param` (its index in names()).
+  void on_ready(size_t param);
+
+  // Launches the buckets not yet launched, waits for every all-reduce and
+  // writes the averaged gradients into .grad. Nothing if already done.
+  void synchronize();
+  bool synchronized() const;
+  // Ends the step: the next backward pass starts a new one.
+  void finish_step();
+  // synchronize() then finish_step().
+  void skip_step();
+  // See GradientReducer::step().
+  at::Tensor step(
+      const std::function<at::Tensor(GradientReducer::Closure)>& update,
+      GradientReducer::Closure closure,
+      bool synchronize);
+
+  std::vector<at::Tensor> gradient_buffers() const;
+  std::vector<std::vector<std::string>> bucket_names() const;
+  StepProfile last_profile() const;
+  const DistributedOptimizerOptions& options() const {
+    return options_;
+  }
+  const std::vector<std::string>& names() const {
+    return names_;
+  }
+
+ private:
+  GradientEngine(
+      std::vector<std::string> names,
+      std::vector<at::Tensor> params,
+      const DistributedOptimizerOptions& options,
+      const Settings& settings);
+
+  // A parameter's progress in this step, and its hook.
+  struct SlotState {
+    int64_t passes = 0;
+    NodePtr accumulator;
+    uintptr_t hook_key = 0;
+  };
+  // A bucket's progress in this step.
+  struct BucketState {
+    size_t pending = 0;  // parameters not yet ready
+    bool launched = false;
+    Handle handle;
+    at::Tensor wire;  // the 16-bit copy sent when compressing
+  };
+
+  void hook(size_t slot, NodePtr accumulator);
+  // Whether this rank contributes the slot's gradient to its bucket: what
+  // pack() copies and what the used flags say must agree.
+  bool used_here(size_t slot) const;
+  // The steps of launching a bucket, and of synchronize(), each under
+  // mutex_.
+  void pack(size_t bucket);
+  void write_used_mask(size_t bucket);
+  void launch_ready();
+  void launch(size_t bucket);
+  void check_passes() const;
+  void adopt_replaced_parameters();
+  void wait_all();
+  void unpack();
+  void reset_locked();
+
+  const DistributedOptimizerOptions options_;
+  const std::vector<std::string> names_;
+  // RONDE_BUCKET_COPY, from the settings init() read.
+  const std::optional<bool> bucket_copy_whole_;
+  mutable std::mutex mutex_;  // guards everything below against the hooks
+  BucketLayout layout_;
+  std::vector<SlotState> slot_state_;      // by slot
+  std::vector<BucketState> bucket_state_;  // by bucket
+  size_t next_launch_ = 0;
+  bool synchronized_ = false;
+  bool verified_ = false;  // the layout passed the cross-rank check
+  int64_t hooks_ = 0;
+  StepProfile profile_;
+  StepProfile last_profile_;
+};
+
+// The engine over those of `parameters` that require grad (names and
+// parameters paired by position; checked across ranks).
+std::shared_ptr<GradientEngine> make_engine(
+    const std::vector<std::string>& names,
+    const std::vector<at::Tensor>& parameters,
+    const DistributedOptimizerOptions& options);
+
+}  // namespace ronde::detail

@@ -1,0 +1,133 @@
+// GradientReducer, the engine's public face without an optimizer, and the
+// checks and lookups shared with DistributedOptimizer.
+#include <ronde/gradient_reducer.h>
+
+#include "engine/gradient_engine.h"
+
+#include <ronde/runtime.h>
+
+#include <unordered_set>
+
+namespace ronde {
+
+GradientSync* gradient_sync_of(torch::optim::Optimizer& optimizer) {
+  // A cross-cast to the interface: the step helpers never learn which
+  // optimizer implements it.
+  return dynamic_cast<GradientSync*>(&optimizer);
+}
+
+void check_param_groups_covered(
+    const std::vector<torch::Tensor>& parameters,
+    const std::vector<std::vector<torch::Tensor>>& param_groups) {
+  std::unordered_set<const void*> known;
+  for (const auto& p : parameters) {
+    if (p.requires_grad())
+      known.insert(p.unsafeGetTensorImpl());
+  }
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    for (const auto& p : param_groups[g]) {
+      TORCH_CHECK(
+          !p.requires_grad() || known.count(p.unsafeGetTensorImpl()),
+          "ronde: rank ",
+          ronde::rank(),
+          ": the wrapped optimizer's param group ",
+          g,
+          " holds a parameter ",
+          p.scalar_type(),
+          p.sizes(),
+          " that is not among named_parameters; its gradient would "
+          "never be averaged");
+    }
+  }
+}
+
+namespace detail {
+
+std::shared_ptr<GradientEngine> make_engine(
+    const std::vector<std::string>& names,
+    const std::vector<torch::Tensor>& parameters,
+    const DistributedOptimizerOptions& options) {
+  TORCH_CHECK(
+      names.size() == parameters.size(),
+      "ronde: GradientReducer got ",
+      names.size(),
+      " names for ",
+      parameters.size(),
+      " parameters");
+  std::vector<std::string> kept_names;
+  std::vector<at::Tensor> kept;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK(
+        parameters[i].defined(),
+        "ronde: parameter '",
+        names[i],
+        "' is an undefined tensor");
+    if (!parameters[i].requires_grad())
+      continue;
+    kept_names.push_back(names[i]);
+    kept.push_back(parameters[i]);
+  }
+  return GradientEngine::create(
+      std::move(kept_names), std::move(kept), options);
+}
+
+}  // namespace detail
+
+GradientReducer::GradientReducer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+    const DistributedOptimizerOptions& options)
+    : GradientReducer(
+          named_parameters.keys(), named_parameters.values(), options) {}
+
+GradientReducer::GradientReducer(
+    const std::vector<std::string>& names,
+    const std::vector<torch::Tensor>& parameters,
+    const DistributedOptimizerOptions& options)
+    : engine_(detail::make_engine(names, parameters, options)) {}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::synchronize() {
+  engine_->synchronize();
+}
+
+bool GradientReducer::synchronized() const {
+  return engine_->synchronized();
+}
+
+void GradientReducer::finish_step() {
+  engine_->finish_step();
+}
+
+void GradientReducer::skip_step() {
+  engine_->skip_step();
+}
+
+torch::Tensor GradientReducer::step(
+    const std::function<torch::Tensor(Closure)>& update,
+    Closure closure,
+    bool synchronize) {
+  return engine_->step(update, std::move(closure), synchronize);
+}
+
+std::vector<torch::Tensor> GradientReducer::gradient_buffers() const {
+  return engine_->gradient_buffers();
+}
+
+std::vector<std::vector<std::string>> GradientReducer::buckets() const {
+  return engine_->bucket_names();
+}
+
+StepProfile GradientReducer::last_step_profile() const {
+  return engine_->last_profile();
+}
+
+const DistributedOptimizerOptions& GradientReducer::options() const {
+  return engine_->options();
+}
+
+const std::vector<std::string>& GradientReducer::names() const {
+  return engine_->names();
+}
+
+}  // namespace ronde

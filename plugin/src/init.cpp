@@ -1,0 +1,208 @@
+// init() and shutdown(): the composition root, the one file that sees both
+// layers it wires together. It reads the settings and the launcher's
+// environment (runtime/), meets the other ranks through the job's store
+// (runtime/rendezvous), connects the communicator and starts the worker
+// (comm/), and starts the stall inspector (runtime/) with hooks into them.
+#include <ronde/errors.h>
+#include <ronde/runtime.h>
+#include <ronde/timeline.h>
+
+#include "comm/world.h"
+#include "runtime/error_text.h"
+#include "runtime/launch_env.h"
+#include "runtime/rendezvous.h"
+#include "runtime/settings.h"
+#include "runtime/stall_inspector.h"
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <iostream>
+#include <mutex>
+
+namespace ronde {
+namespace detail {
+namespace {
+
+// What init() found and built besides the World: where this process sits in
+// the job, the store, and the inspector watching the World's worker.
+struct Runtime {
+  LaunchInfo info;
+  std::chrono::milliseconds timeout{30000};
+  // Hosted by rank 0; null in a job of one rank.
+  c10::intrusive_ptr<c10d::Store> store;
+  // Watches for collectives that a rank never submits; null for one rank.
+  std::unique_ptr<StallInspector> inspector;
+};
+
+std::mutex g_init_mutex;
+// Deliberately never destroyed at exit, like the World.
+Runtime* g_runtime = nullptr;
+
+constexpr double kDefaultTimeoutSeconds = 30.0;
+
+Runtime& runtime(const char* caller) {
+  TORCH_CHECK(
+      g_runtime != nullptr, "ronde::", caller, "() needs ronde::init() first");
+  return *g_runtime;
+}
+
+double resolve_timeout(const InitOptions& options, const Settings& s) {
+  if (options.timeout_seconds() > 0)
+    return options.timeout_seconds();
+  TORCH_CHECK(
+      options.timeout_seconds() == 0,
+      "ronde: InitOptions::timeout_seconds must be positive, got ",
+      options.timeout_seconds());
+  return s.timeout_seconds.value_or(kDefaultTimeoutSeconds);
+}
+
+std::unique_ptr<World> connect(
+    Runtime& rt, const InitOptions& options, const Settings& settings) {
+  const LaunchInfo& info = rt.info;
+  CommConfig config;
+  config.rank = info.rank;
+  config.size = info.size;
+  config.timeout = rt.timeout;
+  config.prefix = job_key(info, "");
+  config.gloo = GlooModuleConfig{settings.gloo_module, settings.gloo_deepbind};
+  config.cuda_backend = settings.cuda_backend;
+  load_backends(config);
+  auto w = std::make_unique<World>();
+  w->rank = info.rank;
+  w->size = info.size;
+  w->timeout = rt.timeout;
+  if (info.size > 1) {
+    rt.store = join_store(info, settings, rt.timeout);
+    config.store = rt.store;
+    config.hostname =
+        advertised_address(options.hostname(), settings, info);
+    config.host_algorithm = !options.gloo_algorithm().empty()
+        ? options.gloo_algorithm()
+        : !settings.gloo_algorithm.empty() ? settings.gloo_algorithm
+                                           : "ring";
+    // The store outlives the World: shutdown() destroys the World first.
+    c10d::Store* store = rt.store.get();
+    w->failed_peers = [store, info, timeout = rt.timeout] {
+      return failed_peers(*store, info, timeout);
+    };
+  }
+  try {
+    w->comm = make_communicator(config);
+  } catch (const BackendFailure& e) {
+    throw rendezvous_error(info, error_text(e));
+  }
+  w->worker = std::make_unique<CommWorker>(*w->comm, settings.blocking_wait);
+  return w;
+}
+
+}  // namespace
+}  // namespace detail
+
+void init(const InitOptions& options) {
+  std::lock_guard<std::mutex> lock(detail::g_init_mutex);
+  if (detail::g_runtime != nullptr)
+    return;
+  const detail::Settings settings =
+      detail::read_settings(detail::process_env());
+  auto rt = std::make_unique<detail::Runtime>();
+  rt->info = detail::parse_launch_env(detail::process_env());
+  rt->timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      detail::resolve_timeout(options, settings) * 1000.0));
+  std::unique_ptr<detail::World> world = detail::connect(*rt, options, settings);
+  if (rt->info.size > 1) {
+    detail::World* w = world.get();  // destroyed after the inspector
+    rt->inspector = std::make_unique<detail::StallInspector>(
+        rt->store,
+        rt->info,
+        detail::stall_options(settings),
+        detail::StallWatch{
+            [w] { return w->worker->progress(); },
+            [w] { w->comm->interrupt(); }});
+  }
+  detail::install_settings(settings);
+  detail::install_world(std::move(world));
+  detail::g_runtime = rt.release();
+  if (!settings.timeline.empty())
+    start_timeline(settings.timeline);
+}
+
+void shutdown() {
+  std::lock_guard<std::mutex> lock(detail::g_init_mutex);
+  if (detail::g_runtime == nullptr)
+    return;
+  std::unique_ptr<detail::Runtime> rt(detail::g_runtime);
+  detail::World& w = detail::world("shutdown");
+  // The last barrier keeps rank 0's store and every connection alive until
+  // all ranks are done with them. A broken job skips it with a warning.
+  if (rt->info.size > 1) {
+    try {
+      w.worker
+          ->submit(
+              [](detail::Communicator& c, detail::HandleState&) {
+                c.barrier();
+              },
+              /*run_inline=*/false,
+              "barrier at shutdown")
+          .wait();
+    } catch (const std::exception& e) {
+      std::cerr << "ronde: warning: rank " << rt->info.rank
+                << " could not meet the other ranks at shutdown: "
+                << detail::error_text(e) << std::endl;
+    }
+  }
+  rt->inspector.reset();
+  detail::remove_world().reset();
+  rt->store.reset();
+  detail::g_runtime = nullptr;
+  detail::clear_settings();
+  stop_timeline();
+}
+
+bool is_initialized() {
+  return detail::g_runtime != nullptr;
+}
+
+int rank() {
+  return detail::runtime("rank").info.rank;
+}
+int size() {
+  return detail::runtime("size").info.size;
+}
+int local_rank() {
+  return detail::runtime("local_rank").info.local_rank;
+}
+int local_size() {
+  return detail::runtime("local_size").info.local_size;
+}
+int cross_rank() {
+  return detail::runtime("cross_rank").info.cross_rank;
+}
+int cross_size() {
+  return detail::runtime("cross_size").info.cross_size;
+}
+std::string job_id() {
+  return detail::runtime("job_id").info.job_id;
+}
+double timeout_seconds() {
+  return detail::runtime("timeout_seconds").timeout.count() / 1000.0;
+}
+
+c10::Device device() {
+  int lr = detail::runtime("device").info.local_rank;
+  if (at::hasCUDA()) {
+    int n = at::detail::getCUDAHooks().deviceCount();
+    if (n > 0) {
+      return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(lr % n));
+    }
+  }
+  return c10::Device(c10::kCPU);
+}
+
+bool nccl_built() {
+  return detail::kNcclBuilt;
+}
+
+}  // namespace ronde

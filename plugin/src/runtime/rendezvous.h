@@ -1,0 +1,55 @@
+// Meeting the other ranks: the job's key-value store (a c10d::TCPStore hosted
+// by rank 0, or by the launcher), the check that every process belongs to
+// this job, the address a rank advertises, and the failure notices through
+// which a rank that saw a collective fail learns which peers are gone.
+#pragma once
+
+#include "runtime/launch_env.h"
+#include "runtime/settings.h"
+
+#include <ronde/errors.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace ronde::detail {
+
+// This job's keys in the store: "ronde/<job id>/<suffix>".
+std::string job_key(const LaunchInfo& info, const std::string& suffix);
+
+// A rendezvous failure naming the job and the store's address.
+CommError rendezvous_error(const LaunchInfo& info, const std::string& msg);
+
+// Connects to (rank 0: hosts) the store and checks that the store belongs to
+// this job and that no other process claimed this rank. Throws CommError of
+// kind Rendezvous.
+c10::intrusive_ptr<c10d::Store> join_store(
+    const LaunchInfo& info,
+    const Settings& settings,
+    std::chrono::milliseconds timeout);
+
+// The address this rank's transport advertises: `requested` (the option),
+// else RONDE_HOSTNAME, else 127.0.0.1 for a job on loopback, else the host
+// name.
+std::string advertised_address(
+    const std::string& requested,
+    const Settings& settings,
+    const LaunchInfo& info);
+
+// After a collective failed here: posts this rank's failure notice, waits a
+// short grace for every peer's, and returns the ranks whose notice did not
+// come (dead, or stuck elsewhere). {0} when the store itself is gone (rank 0
+// hosts it).
+std::vector<int> failed_peers(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    std::chrono::milliseconds timeout);
+
+}  // namespace ronde::detail

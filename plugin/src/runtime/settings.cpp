@@ -1,0 +1,141 @@
+// Settings: the one place that reads ronde's environment variables.
+#include "runtime/settings.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <mutex>
+
+namespace ronde::detail {
+namespace {
+
+std::mutex g_mutex;
+std::optional<Settings> g_installed;  // guarded by g_mutex
+
+std::string text(const EnvLookup& env, const char* name) {
+  return env(name).value_or("");
+}
+
+// Booleans take the usual spellings; anything else is a typo worth an error
+// (a silent "off" for RONDE_BLOCKING_WAIT=true would be a trap).
+std::optional<bool> flag(const EnvLookup& env, const char* name) {
+  const std::string v = text(env, name);
+  if (v.empty())
+    return std::nullopt;
+  for (const char* on : {"1", "true", "on", "yes"}) {
+    if (v == on)
+      return true;
+  }
+  for (const char* off : {"0", "false", "off", "no"}) {
+    if (v == off)
+      return false;
+  }
+  TORCH_CHECK(
+      false,
+      "ronde: ",
+      name,
+      "='",
+      v,
+      "' is not a boolean: expected 1 or 0 (true/false, on/off, yes/no)");
+}
+
+}  // namespace
+
+std::optional<double> positive_env_number(
+    const EnvLookup& env, const char* name, const char* unit) {
+  const std::string v = text(env, name);
+  if (v.empty())
+    return std::nullopt;
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  TORCH_CHECK(
+      end != v.c_str() && *end == '\0' && x > 0,
+      "ronde: ",
+      name,
+      "='",
+      v,
+      "' is not a positive number of ",
+      unit);
+  return x;
+}
+
+std::optional<double> positive_env_number(const char* name, const char* unit) {
+  return positive_env_number(process_env(), name, unit);
+}
+
+const std::vector<std::string>& setting_variables() {
+  static const std::vector<std::string> names = {
+      "RONDE_TIMEOUT_SECONDS",
+      "RONDE_HOSTNAME",
+      "RONDE_GLOO_ALGORITHM",
+      "RONDE_GLOO_MODULE",
+      "RONDE_FUSION_THRESHOLD",
+      "RONDE_GLOO_DEEPBIND",
+      "RONDE_CUDA_BACKEND",
+      "RONDE_BLOCKING_WAIT",
+      "RONDE_STALL_WARNING_SECONDS",
+      "RONDE_STALL_SHUTDOWN_SECONDS",
+      "RONDE_TIMELINE",
+      "USE_LIBUV",
+      "RONDE_BUCKET_COPY",
+      "RONDE_LOG_ALL_RANKS",
+  };
+  return names;
+}
+
+Settings read_settings(const EnvLookup& env) {
+  Settings s;
+  s.timeout_seconds =
+      positive_env_number(env, "RONDE_TIMEOUT_SECONDS", "seconds");
+  s.hostname = text(env, "RONDE_HOSTNAME");
+  s.gloo_algorithm = text(env, "RONDE_GLOO_ALGORITHM");
+  s.gloo_module = text(env, "RONDE_GLOO_MODULE");
+  s.fusion_threshold_bytes =
+      positive_env_number(env, "RONDE_FUSION_THRESHOLD", "bytes");
+  s.gloo_deepbind = flag(env, "RONDE_GLOO_DEEPBIND");
+  s.cuda_backend = text(env, "RONDE_CUDA_BACKEND");
+  TORCH_CHECK(
+      s.cuda_backend.empty() || s.cuda_backend == "nccl" ||
+          s.cuda_backend == "gloo",
+      "ronde: RONDE_CUDA_BACKEND must be 'nccl' or 'gloo', not '",
+      s.cuda_backend,
+      "'");
+  s.blocking_wait = flag(env, "RONDE_BLOCKING_WAIT").value_or(false);
+  s.stall_warning_seconds =
+      positive_env_number(env, "RONDE_STALL_WARNING_SECONDS", "seconds");
+  s.stall_shutdown_seconds =
+      positive_env_number(env, "RONDE_STALL_SHUTDOWN_SECONDS", "seconds");
+  s.timeline = text(env, "RONDE_TIMELINE");
+  s.use_libuv = flag(env, "USE_LIBUV").value_or(true);
+  const std::string copy = text(env, "RONDE_BUCKET_COPY");
+  TORCH_CHECK(
+      copy.empty() || copy == "whole" || copy == "multi",
+      "ronde: RONDE_BUCKET_COPY='",
+      copy,
+      "' is neither 'whole' nor 'multi'");
+  if (!copy.empty())
+    s.bucket_copy_whole = copy == "whole";
+  s.log_all_ranks = flag(env, "RONDE_LOG_ALL_RANKS").value_or(false);
+  return s;
+}
+
+Settings settings() {
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_installed)
+      return *g_installed;
+  }
+  return read_settings(process_env());
+}
+
+void install_settings(const Settings& s) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_installed = s;
+}
+
+void clear_settings() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_installed.reset();
+}
+
+}  // namespace ronde::detail

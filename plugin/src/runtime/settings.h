@@ -1,0 +1,72 @@
+// Every environment variable ronde reads (other than the launcher's, see
+// launch_env.h), parsed and checked in one place. init() takes one snapshot
+// and hands it to the parts it builds; a bad value fails init() with the
+// variable's name instead of failing later, in the middle of training.
+#pragma once
+
+#include "runtime/launch_env.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+
+struct Settings {
+  // RONDE_TIMEOUT_SECONDS: rendezvous and collective timeout.
+  std::optional<double> timeout_seconds;
+  // RONDE_HOSTNAME: the address this rank's transport advertises.
+  std::string hostname;
+  // RONDE_GLOO_ALGORITHM: "ring" or "bcube" (checked by the Gloo backend).
+  std::string gloo_algorithm;
+  // RONDE_GLOO_MODULE: path of the Gloo backend module; empty: next to
+  // libronde.
+  std::string gloo_module;
+  // RONDE_GLOO_DEEPBIND: open that module with RTLD_DEEPBIND; unset: by
+  // build (off under the sanitizers, which refuse it).
+  std::optional<bool> gloo_deepbind;
+  // RONDE_CUDA_BACKEND: "nccl" or "gloo"; empty: by build.
+  std::string cuda_backend;
+  // RONDE_BLOCKING_WAIT=1: Handle::wait() on device work blocks the host.
+  bool blocking_wait = false;
+  // RONDE_STALL_WARNING_SECONDS / RONDE_STALL_SHUTDOWN_SECONDS.
+  std::optional<double> stall_warning_seconds;
+  std::optional<double> stall_shutdown_seconds;
+  // RONDE_TIMELINE: where to write the timeline; empty: none.
+  std::string timeline;
+  // USE_LIBUV (PyTorch's): false runs the store server without libuv.
+  bool use_libuv = true;
+  // RONDE_FUSION_THRESHOLD: the bucket size in bytes.
+  std::optional<double> fusion_threshold_bytes;
+  // RONDE_BUCKET_COPY: "whole" (true), "multi" (false), unset: by device.
+  std::optional<bool> bucket_copy_whole;
+  // RONDE_LOG_ALL_RANKS: progress lines on every rank.
+  bool log_all_ranks = false;
+};
+
+// Parses every variable that `env` holds; throws c10::Error naming the
+// variable and its value when one is malformed. Pure: unit tested.
+Settings read_settings(const EnvLookup& env);
+
+// The names read_settings() reads, in the order of README.md's Settings
+// table (a unit test holds the two to the same set).
+const std::vector<std::string>& setting_variables();
+
+// The settings of the running job: the snapshot init() took. Outside a job
+// (before init(), after shutdown(): tools, benchmarks, unit tests) the
+// environment is read anew at each call.
+Settings settings();
+
+// Called by init() and shutdown().
+void install_settings(const Settings& s);
+void clear_settings();
+
+// A positive number from the variable `name` as found in `env`: nullopt when
+// unset or empty; c10::Error naming the variable when it is not positive.
+// `unit` says what the number counts, for the message.
+std::optional<double> positive_env_number(
+    const EnvLookup& env, const char* name, const char* unit);
+// The same, from the process environment.
+std::optional<double> positive_env_number(const char* name, const char* unit);
+
+}  // namespace ronde::detail

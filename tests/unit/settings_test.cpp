@@ -1,0 +1,196 @@
+// Settings (runtime/settings.h): the parsing of every variable, and the
+// rule that keeps README.md true: the Settings table lists exactly the
+// variables the code reads, and no file outside the settings and the launch
+// environment reads the environment itself.
+#include "runtime/settings.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using ronde::detail::read_settings;
+using ronde::detail::Settings;
+
+Settings parse(const std::map<std::string, std::string>& vars) {
+  return read_settings([&](const std::string& name)
+                           -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end())
+      return std::nullopt;
+    return it->second;
+  });
+}
+
+std::string error_of(const std::map<std::string, std::string>& vars) {
+  try {
+    parse(vars);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const fs::path kRoot = RONDE_SOURCE_DIR;
+
+// The first column of README.md's Settings table.
+std::set<std::string> readme_settings() {
+  std::istringstream in(read_file(kRoot / "README.md"));
+  std::set<std::string> names;
+  bool in_section = false;
+  const std::regex row(R"(^\| `([A-Z0-9_]+)` \|)");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("### ", 0) == 0)
+      in_section = line == "### Settings";
+    std::smatch m;
+    if (in_section && std::regex_search(line, m, row))
+      names.insert(m[1]);
+  }
+  return names;
+}
+
+// The variables README.md's "Launch variables" paragraph names.
+std::set<std::string> readme_launch_variables() {
+  const std::string text = read_file(kRoot / "README.md");
+  const auto start = text.find("Launch variables");
+  const auto end = text.find("\n\n", start);
+  EXPECT_NE(start, std::string::npos);
+  const std::string para = text.substr(start, end - start);
+  std::set<std::string> names;
+  const std::regex name("`([A-Z][A-Z0-9_]+)`");
+  for (std::sregex_iterator it(para.begin(), para.end(), name), e; it != e;
+       ++it)
+    names.insert((*it)[1]);
+  return names;
+}
+
+TEST(Settings, ReadmeTableListsExactlyTheVariablesTheCodeReads) {
+  const auto& code = ronde::detail::setting_variables();
+  const std::set<std::string> in_code(code.begin(), code.end());
+  EXPECT_EQ(in_code.size(), code.size()) << "a variable listed twice";
+  const std::set<std::string> in_readme = readme_settings();
+  for (const auto& v : in_code)
+    EXPECT_TRUE(in_readme.count(v)) << v << " is read but not in README.md";
+  for (const auto& v : in_readme)
+    EXPECT_TRUE(in_code.count(v)) << v << " is in README.md but never read";
+}
+
+TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
+  const auto& code = ronde::detail::setting_variables();
+  std::set<std::string> known(code.begin(), code.end());
+  for (const auto& v : readme_launch_variables())
+    known.insert(v);
+  // A RONDE_ name inside a string literal is a variable read or named to
+  // the user; macros and identifiers are not in quotes.
+  const std::regex literal(R"("(?:[^"\\]|\\.)*")");
+  const std::regex token(R"(\b(RONDE_[A-Z0-9_]+|USE_LIBUV)\b)");
+  int files = 0;
+  for (const auto& entry :
+       fs::recursive_directory_iterator(kRoot / "plugin" / "src")) {
+    const auto ext = entry.path().extension();
+    if (ext != ".cpp" && ext != ".h")
+      continue;
+    ++files;
+    const std::string text = read_file(entry.path());
+    const std::string rel = fs::relative(entry.path(), kRoot).string();
+    for (std::sregex_iterator it(text.begin(), text.end(), literal), e;
+         it != e;
+         ++it) {
+      const std::string s = it->str();
+      for (std::sregex_iterator t(s.begin(), s.end(), token), te; t != te;
+           ++t) {
+        EXPECT_TRUE(known.count((*t)[1]))
+            << rel << " names " << (*t)[1]
+            << ", which README.md documents neither as a setting nor as a "
+               "launch variable";
+      }
+    }
+    // Only the settings and the launch environment read the environment.
+    if (rel != "plugin/src/runtime/launch_env.cpp") {
+      EXPECT_EQ(text.find("getenv("), std::string::npos)
+          << rel << " reads the environment itself: add the variable to "
+                    "runtime/settings.h instead";
+    }
+  }
+  EXPECT_GT(files, 20) << "the sources were not found under " << kRoot;
+}
+
+TEST(Settings, DefaultsWhenNothingIsSet) {
+  const Settings s = parse({});
+  EXPECT_FALSE(s.timeout_seconds);
+  EXPECT_EQ(s.hostname, "");
+  EXPECT_FALSE(s.gloo_deepbind);
+  EXPECT_FALSE(s.blocking_wait);
+  EXPECT_TRUE(s.use_libuv);
+  EXPECT_FALSE(s.bucket_copy_whole);
+  EXPECT_FALSE(s.log_all_ranks);
+  EXPECT_FALSE(s.fusion_threshold_bytes);
+  // Empty counts as unset.
+  EXPECT_FALSE(parse({{"RONDE_TIMEOUT_SECONDS", ""}}).timeout_seconds);
+}
+
+TEST(Settings, ValuesAreParsed) {
+  const Settings s = parse(
+      {{"RONDE_TIMEOUT_SECONDS", "2.5"},
+       {"RONDE_HOSTNAME", "198.18.0.1"},
+       {"RONDE_GLOO_DEEPBIND", "0"},
+       {"RONDE_BLOCKING_WAIT", "1"},
+       {"RONDE_STALL_WARNING_SECONDS", "5"},
+       {"RONDE_FUSION_THRESHOLD", "1048576"},
+       {"USE_LIBUV", "0"},
+       {"RONDE_BUCKET_COPY", "multi"},
+       {"RONDE_LOG_ALL_RANKS", "true"},
+       {"RONDE_CUDA_BACKEND", "gloo"},
+       {"RONDE_TIMELINE", "/tmp/t.json"}});
+  EXPECT_DOUBLE_EQ(*s.timeout_seconds, 2.5);
+  EXPECT_EQ(s.hostname, "198.18.0.1");
+  EXPECT_EQ(s.gloo_deepbind, std::optional<bool>(false));
+  EXPECT_TRUE(s.blocking_wait);
+  EXPECT_DOUBLE_EQ(*s.stall_warning_seconds, 5);
+  EXPECT_DOUBLE_EQ(*s.fusion_threshold_bytes, 1048576);
+  EXPECT_FALSE(s.use_libuv);
+  EXPECT_EQ(s.bucket_copy_whole, std::optional<bool>(false));
+  EXPECT_TRUE(s.log_all_ranks);
+  EXPECT_EQ(s.cuda_backend, "gloo");
+  EXPECT_EQ(s.timeline, "/tmp/t.json");
+}
+
+TEST(Settings, BadValuesNameTheVariable) {
+  EXPECT_NE(
+      error_of({{"RONDE_TIMEOUT_SECONDS", "0"}})
+          .find("RONDE_TIMEOUT_SECONDS='0' is not a positive number of "
+                "seconds"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of({{"RONDE_BLOCKING_WAIT", "sometimes"}})
+          .find("RONDE_BLOCKING_WAIT='sometimes' is not a boolean"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of({{"RONDE_CUDA_BACKEND", "mpi"}})
+          .find("RONDE_CUDA_BACKEND must be 'nccl' or 'gloo', not 'mpi'"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of({{"RONDE_FUSION_THRESHOLD", "big"}})
+          .find("RONDE_FUSION_THRESHOLD='big' is not a positive number of "
+                "bytes"),
+      std::string::npos);
+}
+
+}  // namespace
