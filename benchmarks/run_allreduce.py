@@ -4,6 +4,10 @@ prints per size the median over rounds of each and their ratio.
 
     .venv/bin/python benchmarks/run_allreduce.py --np 2 --rounds 3
 
+--baseline-build DIR adds a third program to every round: ronde as built
+in DIR (another checkout, before a change), so that a change is measured
+against what it changed in one command, alternating with it.
+
 Writes benchmarks/results/allreduce-<date>.json unless --out says otherwise.
 """
 import argparse
@@ -30,22 +34,31 @@ def main():
     p.add_argument("-b", default="4K")
     p.add_argument("-e", default="256M")
     p.add_argument("-f", default="2")
+    p.add_argument("--baseline-build",
+                   help="also run ronde from this build, in every round")
     p.add_argument("--out")
     a = p.parse_args()
     ronderun = os.path.join(a.build, "bin", "ronderun")
     bench = os.path.join(a.build, "bin", "allreduce_bench")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     sweep = ["-b", a.b, "-e", a.e, "-f", a.f]
-    rounds = {"ronde": [], "torch": []}
+    impls = ["ronde", "torch"] + (["baseline"] if a.baseline_build else [])
+    rounds = {impl: [] for impl in impls}
+    torch_bench = [sys.executable,
+                   os.path.join(ROOT, "benchmarks", "torch_allreduce_bench.py")]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            for impl in ("ronde", "torch"):
+            for impl in impls:
                 out = os.path.join(tmp, f"{impl}{r}.json")
-                prog = ([bench] if impl == "ronde" else
-                        [sys.executable, os.path.join(ROOT, "benchmarks",
-                                                      "torch_allreduce_bench.py")])
+                launcher, prog = ronderun, [bench]
+                if impl == "torch":
+                    prog = torch_bench
+                elif impl == "baseline":
+                    launcher = os.path.join(a.baseline_build, "bin", "ronderun")
+                    prog = [os.path.join(a.baseline_build, "bin",
+                                         "allreduce_bench")]
                 print(f"round {r + 1}/{a.rounds}: {impl}", file=sys.stderr)
-                run([ronderun, "-np", str(a.np), "--"] + prog + sweep +
+                run([launcher, "-np", str(a.np), "--"] + prog + sweep +
                     ["--json", out], env)
                 with open(out) as f:
                     rounds[impl].append(json.load(f))
@@ -61,20 +74,27 @@ def main():
 
     rb, tb = per_size("ronde", "busbw_GBs"), per_size("torch", "busbw_GBs")
     rt, nc = per_size("ronde", "time_us"), per_size("ronde", "nocheck_time_us")
+    bb = per_size("baseline", "busbw_GBs") if a.baseline_build else None
     print(f"# all-reduce, {a.np} ranks, float32 sum; median over {a.rounds} "
           f"alternating rounds; busbw in GB/s")
     print(f"{'bytes':>11} {'ronde':>8} {'torch':>8} {'ratio':>6} "
-          f"{'spread_r':>8} {'spread_t':>8} {'check_cost':>10}")
+          f"{'spread_r':>8} {'spread_t':>8} {'check_cost':>10}" +
+          (f" {'baseline':>8} {'vs_base':>7}" if bb else ""))
     rows = []
     for i, size in enumerate(sizes):
         ratio = rb[i] / tb[i]
         cost = (rt[i] - nc[i]) / nc[i]
-        print(f"{size:>11} {rb[i]:>8.3f} {tb[i]:>8.3f} {ratio:>6.2f} "
-              f"{spread('ronde', i):>8.0%} {spread('torch', i):>8.0%} "
-              f"{cost:>10.0%}")
-        rows.append({"bytes": size, "ronde_busbw_GBs": rb[i],
-                     "torch_busbw_GBs": tb[i], "ratio": ratio,
-                     "ronde_time_us": rt[i], "ronde_nocheck_time_us": nc[i]})
+        line = (f"{size:>11} {rb[i]:>8.3f} {tb[i]:>8.3f} {ratio:>6.2f} "
+                f"{spread('ronde', i):>8.0%} {spread('torch', i):>8.0%} "
+                f"{cost:>10.0%}")
+        row = {"bytes": size, "ronde_busbw_GBs": rb[i],
+               "torch_busbw_GBs": tb[i], "ratio": ratio,
+               "ronde_time_us": rt[i], "ronde_nocheck_time_us": nc[i]}
+        if bb:
+            line += f" {bb[i]:>8.3f} {rb[i] / bb[i]:>7.2f}"
+            row.update(baseline_busbw_GBs=bb[i], vs_baseline=rb[i] / bb[i])
+        print(line)
+        rows.append(row)
     out = a.out or os.path.join(
         ROOT, "benchmarks", "results",
         f"allreduce-{datetime.date.today().isoformat()}.json")
