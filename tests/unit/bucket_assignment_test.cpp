@@ -2,9 +2,12 @@
 // and bucket packing.
 #include "engine/bucket_assignment.h"
 #include "engine/pack.h"
+#include "fake_env.h"
 #include "runtime/settings.h"
 
 #include <gtest/gtest.h>
+
+#include <map>
 
 using ronde::detail::assign_buckets;
 using Buckets = std::vector<std::vector<size_t>>;
@@ -140,12 +143,10 @@ TEST(BucketPacking, BucketCopySettingIsWholeMultiOrUnset) {
   // RONDE_BUCKET_COPY as the settings read it: unset (by device), whole,
   // multi, or an error naming the variable.
   auto parse_bucket_copy = [](const char* v) {
-    auto s = ronde::detail::read_settings(
-        [v](const std::string& name) -> std::optional<std::string> {
-          if (name != "RONDE_BUCKET_COPY" || v == nullptr)
-            return std::nullopt;
-          return std::string(v);
-        });
+    std::map<std::string, std::string> vars;
+    if (v != nullptr)
+      vars["RONDE_BUCKET_COPY"] = v;
+    auto s = ronde::detail::read_settings(ronde::testing::fake_env(vars));
     return s.bucket_copy_whole ? (*s.bucket_copy_whole ? 1 : 0) : -1;
   };
   EXPECT_EQ(parse_bucket_copy(nullptr), -1);

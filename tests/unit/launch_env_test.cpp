@@ -1,4 +1,5 @@
 // Launcher environment parsing: each convention, precedence, and bad values.
+#include "fake_env.h"
 #include "runtime/launch_env.h"
 #include "runtime/settings.h"
 
@@ -14,13 +15,7 @@ using ronde::detail::parse_launch_env;
 namespace {
 
 LaunchInfo parse(const std::map<std::string, std::string>& vars) {
-  return parse_launch_env(
-      [&](const std::string& k) -> std::optional<std::string> {
-        auto it = vars.find(k);
-        if (it == vars.end())
-          return std::nullopt;
-        return it->second;
-      });
+  return parse_launch_env(ronde::testing::fake_env(vars));
 }
 
 std::string error_of(const std::map<std::string, std::string>& vars) {

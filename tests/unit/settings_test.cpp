@@ -2,6 +2,7 @@
 // rule that keeps README.md true: the Settings table lists exactly the
 // variables the code reads, and no file outside the settings and the launch
 // environment reads the environment itself.
+#include "fake_env.h"
 #include "runtime/settings.h"
 
 #include <c10/util/Exception.h>
@@ -23,13 +24,7 @@ using ronde::detail::read_settings;
 using ronde::detail::Settings;
 
 Settings parse(const std::map<std::string, std::string>& vars) {
-  return read_settings([&](const std::string& name)
-                           -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end())
-      return std::nullopt;
-    return it->second;
-  });
+  return read_settings(ronde::testing::fake_env(vars));
 }
 
 std::string error_of(const std::map<std::string, std::string>& vars) {
