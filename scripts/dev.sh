@@ -106,9 +106,9 @@ run_tests() {
 }
 
 # Sanitizer runs: the CMake presets asan and tsan (CMakePresets.json), only
-# the unit and multirank tests. LibTorch is not instrumented; a false
-# positive from it would go in a suppressions file named through
-# ASAN_OPTIONS / TSAN_OPTIONS (none is needed today).
+# the unit and multirank tests. LibTorch, Gloo and libstdc++ are not
+# instrumented: the races TSan reports inside them are suppressed in
+# scripts/tsan.supp (ASan needs none).
 sanitize() {
   local kind=${1:-}
   shift || true
@@ -128,7 +128,9 @@ sanitize() {
   # once, TSan at exit with every race it saw).
   export ASAN_OPTIONS="detect_leaks=1:strict_init_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
-  export TSAN_OPTIONS="second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+  # scripts/tsan.supp: races inside uninstrumented libraries (Gloo,
+  # libstdc++), each explained there.
+  export TSAN_OPTIONS="second_deadlock_stack=1:suppressions=$ROOT/scripts/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
   ctest --test-dir "$dir" --output-on-failure -j "$JOBS" "$@"
 }
 

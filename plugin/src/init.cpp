@@ -19,6 +19,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <csignal>
 #include <iostream>
 #include <mutex>
 
@@ -98,6 +99,21 @@ std::unique_ptr<World> connect(
   return w;
 }
 
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
+// just died would end this process with SIGPIPE instead of raising a
+// CommError. Ignored unless the program chose a disposition of its own
+// (Python, for one, already ignores it).
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL && !(current.sa_flags & SA_SIGINFO)) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -111,6 +127,8 @@ void init(const InitOptions& options) {
   rt->info = detail::parse_launch_env(detail::process_env());
   rt->timeout = std::chrono::milliseconds(static_cast<int64_t>(
       detail::resolve_timeout(options, settings) * 1000.0));
+  if (rt->info.size > 1)
+    detail::ignore_sigpipe();
   std::unique_ptr<detail::World> world = detail::connect(*rt, options, settings);
   if (rt->info.size > 1) {
     detail::World* w = world.get();  // destroyed after the inspector
@@ -154,6 +172,9 @@ void shutdown() {
     }
   }
   rt->inspector.reset();
+  // Drains the queue while the World is still installed (a failing job
+  // looks it up to name suspects), then takes it down.
+  w.worker.reset();
   detail::remove_world().reset();
   rt->store.reset();
   detail::g_runtime = nullptr;
