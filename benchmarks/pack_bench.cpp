@@ -186,7 +186,8 @@ int main(int argc, char** argv) {
   const double gb_copy = gb[0], gb_pack = gb[1], gb_unpack = gb[2],
                gb_pack_whole = gb[3], gb_unpack_whole = gb[4],
                gb_pack_foreach = gb[5], gb_unpack_foreach = gb[6];
-  const char* engine_way = prefers_whole(bucket, setting) ? "whole" : "multi-tensor";
+  const char* engine_way =
+      prefers_whole(bucket, setting) ? "whole" : "multi-tensor";
   std::printf(
       "pack_bench on %s: %zu tensors, %.1f MB%s: copy %.1f GB/s, pack %.1f "
       "GB/s (%.0f%%), unpack %.1f GB/s (%.0f%%)\n",

@@ -129,7 +129,8 @@ void init(const InitOptions& options) {
       detail::resolve_timeout(options, settings) * 1000.0));
   if (rt->info.size > 1)
     detail::ignore_sigpipe();
-  std::unique_ptr<detail::World> world = detail::connect(*rt, options, settings);
+  std::unique_ptr<detail::World> world =
+      detail::connect(*rt, options, settings);
   if (rt->info.size > 1) {
     detail::World* w = world.get();  // destroyed after the inspector
     rt->inspector = std::make_unique<detail::StallInspector>(

@@ -516,7 +516,9 @@ int scenario_lr_scaling() {
   }
   // Unwrapped: the wrapper divided its scaling back out.
   CHECK_W(
-      std::abs(lr_of(*base) - 0.1) < 1e-12, "after the wrapper: ", lr_of(*base));
+      std::abs(lr_of(*base) - 0.1) < 1e-12,
+      "after the wrapper: ",
+      lr_of(*base));
   {
     // Wrapped a second time: still base x n, not base x n x n.
     ronde::DistributedOptimizer opt(

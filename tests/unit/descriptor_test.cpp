@@ -68,7 +68,8 @@ TEST(Descriptor, RaggedCollectivesMayDifferInDimZero) {
       "ronde: ranks disagree on a collective (seen on rank 0): rank 0 called "
       "allgather Float[*, 3] 'g'; rank 1 called allgather Float[*, 4] 'g'");
   // Not so for an all-reduce.
-  EXPECT_NE(verdict({sum_call(at::zeros({2, 3})), sum_call(at::zeros({3, 3}))}), "");
+  EXPECT_NE(
+      verdict({sum_call(at::zeros({2, 3})), sum_call(at::zeros({3, 3}))}), "");
 }
 
 TEST(Descriptor, ShapeMismatchNamesEveryGroupInRankOrder) {
@@ -91,19 +92,28 @@ TEST(Descriptor, EveryFieldOfTheCallCounts) {
                 "allreduce(max) Float[3]"),
             std::string::npos);
   EXPECT_NE(
-      verdict({sum_call(f), sum_call(at::zeros({3}, at::kDouble))}).find("Double[3]"),
+      verdict({sum_call(f), sum_call(at::zeros({3}, at::kDouble))})
+          .find("Double[3]"),
       std::string::npos);
   auto bcast = [&](int root) {
     return call(OpKind::Broadcast, f, "", -1, root);
   };
   EXPECT_NE(verdict({bcast(0), bcast(1)}).find("(root 1)"), std::string::npos);
-  EXPECT_NE(verdict({sum_call(f, "a"), sum_call(f, "b")}).find("'b'"), std::string::npos);
+  EXPECT_NE(
+      verdict({sum_call(f, "a"), sum_call(f, "b")}).find("'b'"),
+      std::string::npos);
   EXPECT_NE(
       verdict({call(OpKind::Allgather, f), call(OpKind::Barrier, at::Tensor())})
           .find("rank 1 called barrier"),
       std::string::npos);
   const Descriptor on_nccl = call(
-      OpKind::Allreduce, f, "", static_cast<int>(ReduceOp::Sum), -1, "", "nccl");
+      OpKind::Allreduce,
+      f,
+      "",
+      static_cast<int>(ReduceOp::Sum),
+      -1,
+      "",
+      "nccl");
   EXPECT_NE(
       verdict({sum_call(f, ""), on_nccl}).find("Float[3] on nccl"),
       std::string::npos);
