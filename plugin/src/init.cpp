@@ -74,7 +74,6 @@ std::unique_ptr<World> connect(
   auto w = std::make_unique<World>();
   w->rank = info.rank;
   w->size = info.size;
-  w->timeout = rt.timeout;
   if (info.size > 1) {
     rt.store = join_store(info, settings, rt.timeout);
     config.store = rt.store;

@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <map>
 
 using ronde::detail::LaunchInfo;
@@ -201,15 +200,18 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
 namespace {
 
 TEST(LaunchEnv, PositiveEnvNumbers) {
-  using ronde::detail::positive_env_number;
-  ::unsetenv("RONDE_TEST_KNOB");
-  EXPECT_FALSE(positive_env_number("RONDE_TEST_KNOB", "seconds").has_value());
-  ::setenv("RONDE_TEST_KNOB", "2.5", 1);
-  EXPECT_DOUBLE_EQ(*positive_env_number("RONDE_TEST_KNOB", "seconds"), 2.5);
+  std::map<std::string, std::string> vars;
+  auto knob = [&] {
+    return ronde::detail::positive_env_number(
+        ronde::testing::fake_env(vars), "RONDE_TEST_KNOB", "seconds");
+  };
+  EXPECT_FALSE(knob().has_value());
+  vars["RONDE_TEST_KNOB"] = "2.5";
+  EXPECT_DOUBLE_EQ(*knob(), 2.5);
   for (const char* bad : {"0", "-1", "ten", "3s"}) {
-    ::setenv("RONDE_TEST_KNOB", bad, 1);
+    vars["RONDE_TEST_KNOB"] = bad;
     try {
-      positive_env_number("RONDE_TEST_KNOB", "seconds");
+      knob();
       ADD_FAILURE() << "accepted " << bad;
     } catch (const c10::Error& e) {
       EXPECT_NE(
@@ -220,7 +222,6 @@ TEST(LaunchEnv, PositiveEnvNumbers) {
           std::string::npos);
     }
   }
-  ::unsetenv("RONDE_TEST_KNOB");
 }
 
 }  // namespace

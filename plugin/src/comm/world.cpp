@@ -24,10 +24,6 @@ World& world(const char* caller) {
   return *g_world;
 }
 
-bool has_world() {
-  return g_world != nullptr;
-}
-
 void install_world(std::unique_ptr<World> w) {
   TORCH_INTERNAL_ASSERT(g_world == nullptr, "a second World installed");
   g_world = w.release();

@@ -7,7 +7,6 @@
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -17,7 +16,6 @@ namespace ronde::detail {
 struct World {
   int rank = 0;
   int size = 1;
-  std::chrono::milliseconds timeout{30000};
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<CommWorker> worker;  // runs on `comm`: destroyed first
   // After a collective failed here: the peers that did not report the
@@ -30,7 +28,6 @@ struct World {
 
 // The live World; throws c10::Error naming `caller` before init().
 World& world(const char* caller);
-bool has_world();
 // init() installs the World it built; shutdown() removes it and returns it,
 // to be destroyed after the barrier.
 void install_world(std::unique_ptr<World> w);

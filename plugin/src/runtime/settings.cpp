@@ -59,10 +59,6 @@ std::optional<double> positive_env_number(
   return x;
 }
 
-std::optional<double> positive_env_number(const char* name, const char* unit) {
-  return positive_env_number(process_env(), name, unit);
-}
-
 const std::vector<std::string>& setting_variables() {
   static const std::vector<std::string> names = {
       "RONDE_TIMEOUT_SECONDS",

@@ -66,7 +66,5 @@ void clear_settings();
 // `unit` says what the number counts, for the message.
 std::optional<double> positive_env_number(
     const EnvLookup& env, const char* name, const char* unit);
-// The same, from the process environment.
-std::optional<double> positive_env_number(const char* name, const char* unit);
 
 }  // namespace ronde::detail
