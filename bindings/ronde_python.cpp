@@ -173,6 +173,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cross_size", &cross_size);
   m.def("job_id", &job_id);
   m.def("nccl_built", &nccl_built);
+  m.def("host_backend", &host_backend);
   m.def("timeout_seconds", &timeout_seconds);
   m.def("version", []() { return std::string(RONDE_VERSION_STRING); });
 

@@ -70,6 +70,11 @@ std::unique_ptr<World> connect(
   config.prefix = job_key(info, "");
   config.gloo = GlooModuleConfig{settings.gloo_module, settings.gloo_deepbind};
   config.cuda_backend = settings.cuda_backend;
+  config.shm = ShmConfig{
+      settings.shm,
+      settings.shm_dir,
+      settings.shm_chunk_bytes,
+      settings.shm_split_bytes};
   load_backends(config);
   auto w = std::make_unique<World>();
   w->rank = info.rank;
@@ -77,6 +82,12 @@ std::unique_ptr<World> connect(
   if (info.size > 1) {
     rt.store = join_store(info, settings, rt.timeout);
     config.store = rt.store;
+    try {
+      config.hosts = exchange_host_identities(*rt.store, info, rt.timeout);
+    } catch (const std::exception& e) {
+      throw rendezvous_error(
+          info, "exchanging host identities: " + error_text(e));
+    }
     config.hostname =
         advertised_address(options.hostname(), settings, info);
     config.host_algorithm = !options.gloo_algorithm().empty()
@@ -220,6 +231,11 @@ c10::Device device() {
     }
   }
   return c10::Device(c10::kCPU);
+}
+
+std::string host_backend() {
+  detail::runtime("host_backend");
+  return detail::world("host_backend").comm->backend();
 }
 
 bool nccl_built() {

@@ -309,12 +309,42 @@ int scenario_collectives() {
   CHECK_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
   CHECK_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
   CHECK_W(ronde::device() == c10::Device(c10::kCPU), "device");
+  std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
   check_allreduce();
   check_allgather();
   check_broadcast();
   check_alltoall();
   check_reducescatter();
   check_async();
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// Sums of random floating tensors (below, across and far beyond a chunk)
+// and a digest of their bits: the test compares digests across ranks, and
+// across jobs that reduce by different algorithms.
+int scenario_digest() {
+  ronde::init();
+  const int me = ronde::rank();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  int64_t seed = 7;
+  for (auto dtype : kFloatTypes) {
+    for (int64_t count : {int64_t{5}, int64_t{3000}, int64_t{300001}}) {
+      at::Tensor got = ronde::allreduce(
+          input_for(me, ++seed, {count}, dtype),
+          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+      CHECK_W(
+          close(got, reference_reduce(
+                         ronde::size(), seed, {count}, dtype,
+                         ronde::ReduceOp::Sum)),
+          "digest sum ", dtype, " ", count);
+      const auto* p = static_cast<const uint8_t*>(got.data_ptr());
+      for (size_t i = 0; i < got.nbytes(); ++i)
+        h = (h ^ p[i]) * 1099511628211ull;
+    }
+  }
+  std::cout << "DIGEST: " << std::hex << h << std::dec << std::endl;
+  std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }
@@ -505,6 +535,8 @@ int main(int argc, char** argv) {
       return scenario_collectives();
     if (name == "mismatch")
       return scenario_mismatch();
+    if (name == "digest")
+      return scenario_digest();
     if (name == "kill_peer")
       return scenario_kill_peer();
     if (name == "hold")

@@ -44,6 +44,10 @@ std::string job_id();
 // The timeout applied to blocking calls, in seconds.
 double timeout_seconds();
 
+// The backend that carries this job's CPU tensors: "shm" (shared memory,
+// every rank on one host), "gloo" (TCP), or "self" (one rank).
+std::string host_backend();
+
 // cuda:<local_rank mod device count> when LibTorch has CUDA devices, else CPU.
 c10::Device device();
 

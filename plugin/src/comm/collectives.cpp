@@ -89,7 +89,7 @@ BackendOp backend_op(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
-// Reduction shared by allreduce and reducescatter: scale, reduce, average.
+// An all-reduce in place: scale, reduce, average.
 void reduce_in_place(
     Communicator& comm,
     const Call& call,
@@ -336,29 +336,42 @@ Handle reducescatter_impl(
       static_cast<int>(o.op()),
       -1,
       error);
-  at::Tensor work = error.empty() ? working_copy(tensor, /*in_place=*/false)
-                                  : at::Tensor();
+  // The input is only read: copied when it must be made contiguous or
+  // prescaled.
+  at::Tensor in;
+  if (error.empty()) {
+    in = tensor.contiguous();
+    if (o.prescale_factor() != 1.0)
+      in = in.mul(o.prescale_factor());
+  }
   return submit(
       std::move(call),
-      [work, o](
+      [in, o](
           Communicator& comm,
           HandleState& state,
           const std::vector<Descriptor>&,
           const Call& c) {
-        // Reduces the whole tensor, then keeps this rank's rows: simple and
-        // exact, at twice the traffic of a ring reduce-scatter.
-        reduce_in_place(
-            comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
+        // Dim 0 split as evenly as it goes, the first blocks one row longer.
         const int n = comm.size();
         const int me = comm.rank();
-        const int64_t rows = work.size(0);
-        const int64_t base = rows / n;
-        const int64_t extra = rows % n;
-        const int64_t start = me * base + std::min<int64_t>(me, extra);
-        const int64_t count = base + (me < extra ? 1 : 0);
-        state.result = work.narrow(0, start, count).clone();
+        const int64_t rows = in.size(0);
+        const int64_t row = row_bytes(in) / in.element_size();
+        std::vector<int64_t> counts(n);
+        for (int r = 0; r < n; ++r)
+          counts[r] = (rows / n + (r < rows % n ? 1 : 0)) * row;
+        at::Tensor out = at::empty(
+            shape_with_dim0(in, rows / n + (me < rows % n ? 1 : 0)),
+            in.options());
+        guarded(comm, c, [&] {
+          comm.reduce_scatter(in, out, counts, backend_op(o.op()));
+        });
+        if (o.op() == ReduceOp::Average && n > 1)
+          out.div_(n);
+        if (o.postscale_factor() != 1.0)
+          out.mul_(o.postscale_factor());
+        state.result = out;
       },
-      {work},
+      {in},
       blocking);
 }
 

@@ -114,6 +114,16 @@ class Communicator {
       const std::vector<int64_t>& send_bytes,
       const at::Tensor& out,
       const std::vector<int64_t>& recv_bytes) = 0;
+  // in holds one block per rank in rank order, counts[r] elements for rank
+  // r (dim 0 split as the public reducescatter splits it); out receives this
+  // rank's block reduced over every rank. The default reduces all of `in`
+  // and keeps this rank's block (twice the traffic); shared memory
+  // reduces each block only where it is needed.
+  virtual void reduce_scatter(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<int64_t>& counts,
+      BackendOp op);
   virtual void barrier() = 0;
   // Closes every connection so that peers blocked on this rank fail now
   // rather than at their timeout. The communicator is unusable afterwards.
@@ -129,6 +139,14 @@ struct GlooModuleConfig {
   std::optional<bool> deepbind;  // RTLD_DEEPBIND; unset: by build
 };
 
+// The shared-memory backend for ranks that share a host (RONDE_SHM_*).
+struct ShmConfig {
+  bool enabled = true;
+  std::string dir = "/dev/shm";
+  size_t chunk_bytes = size_t{1} << 20;
+  size_t split_bytes = size_t{256} << 10;
+};
+
 // What the runtime knows when it connects a job.
 struct CommConfig {
   c10::intrusive_ptr<c10d::Store> store;  // null for a job of one rank
@@ -139,6 +157,11 @@ struct CommConfig {
   std::chrono::milliseconds timeout{30000};
   std::string host_algorithm;  // the CPU backend's all-reduce algorithm
   GlooModuleConfig gloo;
+  ShmConfig shm;
+  // Every rank's host identity (runtime/rendezvous.h: boot id and network
+  // namespace), in rank order; empty for a job of one rank. Ranks with
+  // equal identities share memory.
+  std::vector<std::string> hosts;
   // "nccl" or "gloo" for CUDA tensors; empty: NCCL when built.
   std::string cuda_backend;
 };
@@ -181,6 +204,22 @@ std::unique_ptr<Communicator> make_gloo_communicator(
     std::chrono::milliseconds timeout,
     const std::string& algorithm,
     const GlooModuleConfig& module);
+
+// Connects the ranks of one host through shared memory, rendezvousing
+// through `store` under `prefix`. Throws ShmUnavailable, on every rank
+// alike, when shared memory cannot be set up (the caller then uses Gloo),
+// and BackendFailure when a peer fails during the rendezvous.
+std::unique_ptr<Communicator> make_shm_communicator(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const ShmConfig& config);
+
+struct ShmUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 #ifdef RONDE_WITH_NCCL
 // The NCCL communicator of one CUDA device, connected through `store` under

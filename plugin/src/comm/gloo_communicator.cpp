@@ -4,6 +4,7 @@
 // LibTorch's wheel exports. This file loads the module, checks where its Gloo
 // came from, and adapts tensors and the c10d store to its C interface.
 #include "comm/communicator.h"
+#include "comm/host_types.h"
 #include "comm/gloo_module/error_buffer.h"
 #include "comm/gloo_module/gloo_module_api.h"
 #include "runtime/error_text.h"
@@ -280,55 +281,6 @@ int store_wait(
   }
 }
 
-int gloo_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return RONDE_GLOO_F32;
-    case at::kDouble:
-      return RONDE_GLOO_F64;
-    case at::kHalf:
-      return RONDE_GLOO_F16;
-    case at::kBFloat16:
-      return RONDE_GLOO_BF16;
-    case at::kChar:
-      return RONDE_GLOO_I8;
-    case at::kByte:
-      return RONDE_GLOO_U8;
-    case at::kShort:
-      return RONDE_GLOO_I16;
-    case at::kInt:
-      return RONDE_GLOO_I32;
-    case at::kLong:
-      return RONDE_GLOO_I64;
-    default:
-      return -1;
-  }
-}
-
-int gloo_op(BackendOp op) {
-  switch (op) {
-    case BackendOp::Sum:
-      return RONDE_GLOO_SUM;
-    case BackendOp::Min:
-      return RONDE_GLOO_MIN;
-    case BackendOp::Max:
-      return RONDE_GLOO_MAX;
-    case BackendOp::Product:
-      return RONDE_GLOO_PRODUCT;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown reduction");
-}
-
-// Gloo reads and writes host memory: tensors on another device are staged
-// through a CPU copy.
-at::Tensor host(const at::Tensor& t) {
-  return t.is_cpu() ? t : t.to(at::kCPU);
-}
-void copy_back(const at::Tensor& dst, const at::Tensor& staged) {
-  if (!dst.is_same(staged))
-    dst.copy_(staged);
-}
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(
@@ -373,18 +325,14 @@ class GlooCommunicator final : public Communicator {
   }
 
   void allreduce(const at::Tensor& tensor, BackendOp op) override {
-    int dtype = gloo_dtype(tensor.scalar_type());
-    TORCH_CHECK(
-        dtype >= 0,
-        "ronde: the Gloo backend cannot reduce dtype ",
-        tensor.scalar_type());
+    const int dtype = checked_host_dtype(tensor, "Gloo");
     at::Tensor h = host(tensor);
     check(module_.allreduce(
         live(),
         h.data_ptr(),
         h.numel(),
         dtype,
-        gloo_op(op),
+        host_op(op),
         err_,
         sizeof(err_)));
     copy_back(tensor, h);

@@ -11,6 +11,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
+#include <iostream>
 #include <map>
 #include <mutex>
 
@@ -62,6 +64,13 @@ class RoutingCommunicator final : public Communicator {
       const at::Tensor& out,
       const std::vector<int64_t>& recv_bytes) override {
     route(in).alltoall(in, send_bytes, out, recv_bytes);
+  }
+  void reduce_scatter(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<int64_t>& counts,
+      BackendOp op) override {
+    route(in).reduce_scatter(in, out, counts, op);
   }
   void barrier() override {
     host_->barrier();
@@ -132,6 +141,14 @@ std::string cuda_backend_choice(const std::string& want) {
   return want;
 }
 
+// Whether every rank reported the same host identity.
+bool one_host(const std::vector<std::string>& hosts) {
+  return !hosts.empty() &&
+      std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
+           return !h.empty() && h == hosts[0];
+         });
+}
+
 }  // namespace
 
 void load_backends(const CommConfig& config) {
@@ -144,7 +161,27 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
   std::unique_ptr<Communicator> host;
   if (config.size == 1) {
     host = make_self_communicator();
-  } else {
+  } else if (config.shm.enabled && one_host(config.hosts)) {
+    try {
+      host = make_shm_communicator(
+          config.store,
+          config.prefix + "shm/",
+          config.rank,
+          config.size,
+          config.timeout,
+          config.shm);
+    } catch (const ShmUnavailable& e) {
+      // Every rank got the same verdict; one line says so.
+      if (config.rank == 0) {
+        std::cerr << "ronde: warning: shared memory is unavailable ("
+                  << e.what()
+                  << "); the ranks of this host use Gloo over loopback "
+                     "instead (RONDE_SHM=0 skips the attempt)"
+                  << std::endl;
+      }
+    }
+  }
+  if (!host) {
     host = make_gloo_communicator(
         config.store,
         config.prefix + "gloo/",

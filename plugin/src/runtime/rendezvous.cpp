@@ -6,7 +6,10 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include <thread>
 
@@ -148,6 +151,42 @@ std::vector<int> failed_peers(
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+std::string host_identity() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  if (boot.empty()) {
+    // No procfs: the host name is the best fact left.
+    char name[256] = {0};
+    ::gethostname(name, sizeof(name) - 1);
+    boot = std::string("host:") + name;
+  }
+  struct stat net {};
+  std::string ns = ::stat("/proc/self/ns/net", &net) == 0
+      ? std::to_string(net.st_dev) + "." + std::to_string(net.st_ino)
+      : "?";
+  return boot + "/net:" + ns;
+}
+
+std::vector<std::string> exchange_host_identities(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    std::chrono::milliseconds timeout) {
+  const std::string mine = host_identity();
+  store.set(
+      job_key(info, "host/" + std::to_string(info.rank)),
+      std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < info.size; ++r)
+    keys.push_back(job_key(info, "host/" + std::to_string(r)));
+  store.wait(keys, timeout);
+  std::vector<std::string> hosts;
+  for (const auto& k : keys) {
+    auto v = store.get(k);
+    hosts.emplace_back(v.begin(), v.end());
+  }
+  return hosts;
 }
 
 }  // namespace ronde::detail

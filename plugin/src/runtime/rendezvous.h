@@ -43,6 +43,18 @@ std::string advertised_address(
     const Settings& settings,
     const LaunchInfo& info);
 
+// This process's host, as facts the kernel gives: the boot id (one per
+// booted kernel, so one per machine or VM) and the network namespace.
+// Ranks in different network namespaces are different hosts, even on one
+// machine: that is how a cluster is simulated on one.
+std::string host_identity();
+
+// Every rank's host_identity(), in rank order, exchanged through the store.
+std::vector<std::string> exchange_host_identities(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    std::chrono::milliseconds timeout);
+
 // After a collective failed here: posts this rank's failure notice, waits a
 // short grace for every peer's, and returns the ranks whose notice did not
 // come (dead, or stuck elsewhere). {0} when the store itself is gone (rank 0

@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 
@@ -37,6 +38,24 @@ std::optional<bool> flag(const EnvLookup& env, const char* name) {
       "='",
       v,
       "' is not a boolean: expected 1 or 0 (true/false, on/off, yes/no)");
+}
+
+// A whole number of bytes; 0 is allowed.
+std::optional<size_t> byte_count(const EnvLookup& env, const char* name) {
+  const std::string v = text(env, name);
+  if (v.empty())
+    return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  TORCH_CHECK(
+      end != v.c_str() && *end == '\0' && errno == 0 && v[0] != '-',
+      "ronde: ",
+      name,
+      "='",
+      v,
+      "' is not a whole number of bytes");
+  return static_cast<size_t>(x);
 }
 
 }  // namespace
@@ -75,6 +94,10 @@ const std::vector<std::string>& setting_variables() {
       "USE_LIBUV",
       "RONDE_BUCKET_COPY",
       "RONDE_LOG_ALL_RANKS",
+      "RONDE_SHM",
+      "RONDE_SHM_DIR",
+      "RONDE_SHM_CHUNK_BYTES",
+      "RONDE_SHM_SPLIT_BYTES",
   };
   return names;
 }
@@ -112,6 +135,20 @@ Settings read_settings(const EnvLookup& env) {
   if (!copy.empty())
     s.bucket_copy_whole = copy == "whole";
   s.log_all_ranks = flag(env, "RONDE_LOG_ALL_RANKS").value_or(false);
+  s.shm = flag(env, "RONDE_SHM").value_or(true);
+  const std::string dir = text(env, "RONDE_SHM_DIR");
+  if (!dir.empty())
+    s.shm_dir = dir;
+  if (auto chunk = byte_count(env, "RONDE_SHM_CHUNK_BYTES")) {
+    TORCH_CHECK(
+        *chunk >= 4096,
+        "ronde: RONDE_SHM_CHUNK_BYTES='",
+        *chunk,
+        "' is below the smallest chunk, 4096 bytes");
+    s.shm_chunk_bytes = *chunk;
+  }
+  if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
+    s.shm_split_bytes = *split;
   return s;
 }
 

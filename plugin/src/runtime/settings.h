@@ -42,6 +42,15 @@ struct Settings {
   std::optional<bool> bucket_copy_whole;
   // RONDE_LOG_ALL_RANKS: progress lines on every rank.
   bool log_all_ranks = false;
+  // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.
+  bool shm = true;
+  // RONDE_SHM_DIR: where shared-memory segments are made (a tmpfs).
+  std::string shm_dir = "/dev/shm";
+  // RONDE_SHM_CHUNK_BYTES: bytes a shared-memory step moves per rank.
+  size_t shm_chunk_bytes = size_t{1} << 20;
+  // RONDE_SHM_SPLIT_BYTES: all-reduces from this size reduce-scatter and
+  // all-gather in memory.
+  size_t shm_split_bytes = size_t{256} << 10;
 };
 
 // Parses every variable that `env` holds; throws c10::Error naming the

@@ -59,6 +59,7 @@ from ._C import (  # noqa: F401  (re-exported)
     local_size,
     lr_scale_factor,
     nccl_built,
+    host_backend,
     rank,
     reducescatter,
     reducescatter_async,

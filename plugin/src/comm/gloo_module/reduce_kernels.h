@@ -252,7 +252,7 @@ ReduceFn pick_for_op(int dtype) {
   }
 }
 
-ReduceFn pick_reduce(int dtype, int op) {
+[[maybe_unused]] ReduceFn pick_reduce(int dtype, int op) {
   switch (op) {
     case RONDE_GLOO_SUM:
       return pick_for_op<Sum>(dtype);

@@ -1,0 +1,685 @@
+// The shared-memory transport: segments, the step protocol, waiting, and
+// the collectives built on steps. See shm_transport.h and
+// docs/shared_memory.md.
+#include "comm/shm/shm_transport.h"
+
+#include "comm/shm/reduce_n.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace ronde::detail::shm {
+
+constexpr uint64_t kMagic = 0x316d73656472'6f72;  // "rondesm1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kLine = 64;
+constexpr const char* kPrefix = "ronde-";
+
+enum State : uint32_t { kLive = 0, kAborted = 1, kClosed = 2 };
+enum CounterId : int { kPosted = 0, kReduced = 1, kConsumed = 2 };
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// The head of a rank's segment. Written by its owner: the identity before
+// any peer maps it, the counters and the state afterwards. Peers write
+// `sleepers` (they announce themselves before sleeping on `wake`).
+struct Control {
+  uint64_t magic = kMagic;
+  uint32_t version = kVersion;
+  int32_t rank = 0;
+  int32_t size = 0;
+  int32_t pid = 0;  // for messages only
+  uint64_t chunk_bytes = 0;
+  char nonce[40] = {0};
+  // counters[c]: the last step in which the owner reached point c of it.
+  struct alignas(kLine) Counter {
+    std::atomic<uint64_t> value{0};
+  };
+  Counter counters[3];
+  alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
+  std::atomic<uint32_t> sleepers{0};
+  std::atomic<uint32_t> state{kLive};
+};
+static_assert(sizeof(Control) <= kControlBytes);
+
+struct Segment {
+  int fd = -1;
+  void* base = nullptr;
+  size_t bytes = 0;
+  std::string path;  // set while this process must unlink it
+  int32_t pid = 0;
+
+  Segment() = default;
+  Segment(Segment&& o) noexcept
+      : fd(o.fd), base(o.base), bytes(o.bytes), path(std::move(o.path)),
+        pid(o.pid) {
+    o.fd = -1;
+    o.base = nullptr;
+    o.path.clear();
+  }
+  Segment& operator=(Segment&&) = delete;
+  ~Segment() {
+    if (base != nullptr)
+      ::munmap(base, bytes);
+    if (!path.empty())
+      ::unlink(path.c_str());
+    if (fd >= 0)
+      ::close(fd);  // releases the owner's lock: peers see it gone
+  }
+};
+
+namespace {
+
+size_t segment_bytes(size_t chunk) {
+  return kControlBytes + 4 * chunk;
+}
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+// The owner's lock on byte 0 of its segment: held while the owner lives;
+// the kernel drops it when the process ends, however it ends.
+bool take_owner_lock(int fd) {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  l.l_start = 0;
+  l.l_len = 1;
+  return ::fcntl(fd, F_SETLK, &l) == 0;
+}
+
+bool owner_lock_held(int fd) {
+  struct flock l {};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  l.l_start = 0;
+  l.l_len = 1;
+  if (::fcntl(fd, F_GETLK, &l) != 0)
+    return true;  // cannot tell: assume alive, the timeout still applies
+  return l.l_type != F_UNLCK;
+}
+
+std::string random_nonce() {
+  unsigned char raw[16];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      throw std::runtime_error(
+          "ronde: getrandom failed: " + errno_text(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : raw) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+std::string segment_name(const std::string& nonce, int rank) {
+  return std::string(kPrefix) + nonce + "-" + std::to_string(rank);
+}
+
+// Makes this rank's segment: created unnamed (O_TMPFILE), locked, sized,
+// mapped and initialised, and only then linked under its name, so that no
+// name ever refers to a half-made segment or to one without a live owner's
+// lock. Returns a message instead when it cannot.
+std::string create_segment(
+    const Options& o, const std::string& nonce, Segment& seg) {
+  const size_t bytes = segment_bytes(o.chunk_bytes);
+  const std::string path = o.dir + "/" + segment_name(nonce, o.rank);
+  const std::string need = mib(bytes) + " per rank, " +
+      mib(bytes * static_cast<size_t>(o.size)) + " for the job";
+  bool named = false;
+  int fd = ::open(o.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    // No O_TMPFILE there: an exclusive create, locked at once.
+    fd = ::open(
+        path.c_str(),
+        O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC,
+        0600);
+    if (fd < 0)
+      return "cannot create " + path + ": " + errno_text(errno);
+    named = true;
+    seg.path = path;
+  }
+  seg.fd = fd;
+  if (::fchmod(fd, 0600) != 0 || !take_owner_lock(fd))
+    return "cannot lock " + path + ": " + errno_text(errno);
+  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (rc != 0) {
+    return "cannot reserve " + need + " in " + o.dir + ": " + errno_text(rc);
+  }
+  void* base =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    return "cannot map " + need + " from " + o.dir + ": " + errno_text(errno);
+  seg.base = base;
+  seg.bytes = bytes;
+  auto* c = new (base) Control();
+  c->rank = o.rank;
+  c->size = o.size;
+  c->pid = static_cast<int32_t>(::getpid());
+  c->chunk_bytes = o.chunk_bytes;
+  std::memcpy(c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
+  seg.pid = c->pid;
+  if (!named) {
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    if (::linkat(
+            AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(),
+            AT_SYMLINK_FOLLOW) != 0) {
+      return "cannot name " + path + ": " + errno_text(errno);
+    }
+    seg.path = path;
+  }
+  return "";
+}
+
+// Maps a peer's segment and checks that it is the one that peer made for
+// this job, private to this user.
+std::string open_segment(
+    const Options& o, const std::string& nonce, int peer, Segment& seg) {
+  const size_t bytes = segment_bytes(o.chunk_bytes);
+  const std::string path = o.dir + "/" + segment_name(nonce, peer);
+  int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return "cannot open rank " + std::to_string(peer) + "'s segment " + path +
+        ": " + errno_text(errno);
+  seg.fd = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
+      static_cast<size_t>(st.st_size) != bytes) {
+    return path + " is not a private segment of this user of " +
+        std::to_string(bytes) + " bytes";
+  }
+  void* base =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    return "cannot map " + path + ": " + errno_text(errno);
+  seg.base = base;
+  seg.bytes = bytes;
+  const auto* c = static_cast<const Control*>(base);
+  if (c->magic != kMagic || c->version != kVersion || c->rank != peer ||
+      c->size != o.size || c->chunk_bytes != o.chunk_bytes ||
+      std::strncmp(c->nonce, nonce.c_str(), sizeof(c->nonce)) != 0) {
+    return path + " does not hold rank " + std::to_string(peer) +
+        "'s segment of this job";
+  }
+  seg.pid = c->pid;
+  return "";
+}
+
+// Every rank posts its outcome of a phase under `key`; all read all. The
+// first failing rank's message, or empty when every rank succeeded.
+std::string agree(
+    const Rendezvous& rv,
+    const std::string& key,
+    int rank,
+    int size,
+    const std::string& mine) {
+  rv.set(key + std::to_string(rank), mine.empty() ? "ok" : "error " + mine);
+  std::string first;
+  for (int r = 0; r < size; ++r) {
+    std::string v = rv.get(key + std::to_string(r));
+    if (v != "ok" && first.empty())
+      first = "rank " + std::to_string(r) + ": " + v.substr(v.find(' ') + 1);
+  }
+  return first;
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t val,
+           const timespec* timeout) {
+  return ::syscall(
+      SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout,
+      nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Range of a step's elements that rank r reduces in a split all-reduce:
+// equal slices rounded to whole cache lines.
+std::pair<size_t, size_t> slice_of(int r, int n, size_t m, size_t esz) {
+  const size_t line = std::max<size_t>(1, kLine / esz);
+  size_t per = (m + n - 1) / n;
+  per = (per + line - 1) / line * line;
+  const size_t lo = std::min(m, per * r);
+  return {lo, std::min(m, lo + per)};
+}
+
+size_t clamp_piece(size_t total, size_t lo, size_t cap) {
+  return total > lo ? std::min(cap, total - lo) : 0;
+}
+
+}  // namespace
+
+int remove_stale_segments(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr)
+    return 0;
+  int removed = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, kPrefix, std::strlen(kPrefix)) != 0)
+      continue;
+    const std::string path = dir + "/" + e->d_name;
+    int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+      continue;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == ::geteuid() && !owner_lock_held(fd)) {
+      if (::unlink(path.c_str()) == 0)
+        ++removed;
+    }
+    ::close(fd);
+  }
+  ::closedir(d);
+  return removed;
+}
+
+std::unique_ptr<Transport> Transport::connect(
+    const Options& options, const Rendezvous& rv) {
+  Options o = options;
+  o.chunk_bytes = o.chunk_bytes / kLine * kLine;
+  if (o.chunk_bytes < 4096)
+    throw std::invalid_argument("ronde: the shared-memory chunk must be at least 4096 bytes");
+  // Once per process, before its own segments exist: closing a descriptor
+  // of a file drops this process's lock on it, so the sweep must never
+  // open a segment this process owns.
+  static std::once_flag swept;
+  std::call_once(swept, [&] { remove_stale_segments(o.dir); });
+
+  std::string nonce;
+  if (o.rank == 0) {
+    nonce = random_nonce();
+    rv.set("nonce", nonce);
+  } else {
+    nonce = rv.get("nonce");
+  }
+  std::vector<Segment> segs(static_cast<size_t>(o.size));
+  std::string problem =
+      agree(rv, "made/", o.rank, o.size,
+            create_segment(o, nonce, segs[o.rank]));
+  if (!problem.empty())
+    throw Unavailable(problem);
+  std::string mine;
+  for (int p = 0; p < o.size && mine.empty(); ++p) {
+    if (p != o.rank)
+      mine = open_segment(o, nonce, p, segs[p]);
+  }
+  problem = agree(rv, "mapped/", o.rank, o.size, mine);
+  if (!problem.empty())
+    throw Unavailable(problem);
+  // Every rank mapped every segment: the names have served, and from here
+  // on nothing of this job is left in the directory, however it ends.
+  ::unlink(segs[o.rank].path.c_str());
+  segs[o.rank].path.clear();
+  return std::unique_ptr<Transport>(new Transport(o, std::move(segs)));
+}
+
+Transport::Transport(const Options& o, std::vector<Segment> segments)
+    : rank_(o.rank),
+      size_(o.size),
+      chunk_(o.chunk_bytes),
+      split_bytes_(o.split_bytes),
+      timeout_(o.timeout),
+      spin_(o.spin),
+      segments_(std::move(segments)),
+      inputs_(static_cast<size_t>(o.size)) {
+  // More ranks than CPUs: a spinning rank holds the CPU its peer needs.
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  yield_while_spinning_ = cpus > 0 && o.size > cpus;
+}
+
+Transport::~Transport() {
+  Control& me = control(rank_);
+  uint32_t expected = kLive;
+  me.state.compare_exchange_strong(expected, kClosed);
+  me.wake.fetch_add(1);
+  futex(&me.wake, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+Control& Transport::control(int r) const {
+  return *static_cast<Control*>(segments_[r].base);
+}
+
+char* Transport::area(int r, int slot, bool out) const {
+  return static_cast<char*>(segments_[r].base) + kControlBytes +
+      (static_cast<size_t>(slot) * 2 + (out ? 1 : 0)) * chunk_;
+}
+
+void Transport::interrupt() {
+  interrupted_.store(true);
+  Control& me = control(rank_);
+  uint32_t expected = kLive;
+  me.state.compare_exchange_strong(expected, kAborted);
+  me.wake.fetch_add(1);
+  futex(&me.wake, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Transport::fail(Failure::Kind kind, int peer, const std::string& msg) {
+  broken_ = msg;
+  interrupt();  // peers waiting on this rank fail now, not at their timeout
+  throw Failure(kind, peer, msg);
+}
+
+void Transport::check_usable() const {
+  if (!broken_.empty())
+    throw Failure(
+        Failure::Kind::Broken, -1,
+        "the shared-memory communicator is unusable after an earlier "
+        "failure: " + broken_);
+  if (interrupted_.load())
+    throw Failure(
+        Failure::Kind::Interrupted, -1,
+        "the shared-memory communicator was interrupted");
+}
+
+bool Transport::peer_alive(int peer) const {
+  return owner_lock_held(segments_[peer].fd);
+}
+
+uint64_t Transport::begin_step() {
+  check_usable();
+  const uint64_t g = ++step_;
+  // The slot this step writes was read by every peer in step g - 2.
+  if (g > 2)
+    await_all(kConsumed, g - 2);
+  return g;
+}
+
+void Transport::publish(int counter, uint64_t step) {
+  Control& me = control(rank_);
+  me.counters[counter].value.store(step, std::memory_order_seq_cst);
+  // Pairs with the waiter's sleepers increment (both sequentially
+  // consistent): either it sees the new value, or this sees it waiting.
+  if (me.sleepers.load(std::memory_order_seq_cst) != 0) {
+    me.wake.fetch_add(1, std::memory_order_seq_cst);
+    futex(&me.wake, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+void Transport::await(int peer, int counter, uint64_t step) {
+  Control& p = control(peer);
+  std::atomic<uint64_t>& value = p.counters[counter].value;
+  if (value.load(std::memory_order_acquire) >= step)
+    return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  // Spin: a peer that is about to arrive costs no sleep and wake-up.
+  for (uint32_t i = 1;; ++i) {
+    cpu_relax();
+    if (value.load(std::memory_order_acquire) >= step)
+      return;
+    if ((i & 63) == 0) {
+      if (yield_while_spinning_)
+        std::this_thread::yield();
+      if (Clock::now() - start >= spin_)
+        break;
+    }
+  }
+  // Sleep on the peer's futex word, waking at least every 20 ms to look
+  // for a dead peer, an interrupt and the timeout.
+  p.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  struct Leave {
+    std::atomic<uint32_t>& s;
+    ~Leave() {
+      s.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  } leave{p.sleepers};
+  auto next_check = start;
+  for (;;) {
+    const uint32_t w = p.wake.load(std::memory_order_seq_cst);
+    if (value.load(std::memory_order_seq_cst) >= step)
+      return;
+    const uint32_t state = p.state.load(std::memory_order_acquire);
+    const std::string who = "rank " + std::to_string(peer) + " (pid " +
+        std::to_string(segments_[peer].pid) + ")";
+    if (state == kAborted)
+      fail(Failure::Kind::PeerGone, peer,
+           who + " gave up its shared-memory communicator after a failure");
+    if (state == kClosed)
+      fail(Failure::Kind::PeerGone, peer,
+           who + " left the job (shut down) while this rank waited for it");
+    if (interrupted_.load())
+      fail(Failure::Kind::Interrupted, -1,
+           "interrupted while waiting for " + who);
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      if (!peer_alive(peer))
+        fail(Failure::Kind::PeerGone, peer,
+             who + " exited while this rank waited for it");
+      next_check = now + std::chrono::milliseconds(100);
+    }
+    if (now - start >= timeout_)
+      fail(Failure::Kind::Timeout, peer,
+           "timed out after " + std::to_string(timeout_.count()) +
+               " ms waiting for " + who);
+    timespec ts{0, 20 * 1000 * 1000};
+    futex(&p.wake, FUTEX_WAIT, w, &ts);
+  }
+}
+
+void Transport::await_all(int counter, uint64_t step) {
+  for (int i = 1; i < size_; ++i)
+    await((rank_ + i) % size_, counter, step);
+}
+
+void Transport::allreduce(void* buf, size_t count, int dtype, int op) {
+  const ReduceNFn reduce = pick_reduce_n(dtype, op);
+  const size_t esz = element_size(dtype);
+  if (reduce == nullptr || esz == 0)
+    throw std::invalid_argument("ronde: shared memory cannot reduce this type");
+  const bool split = count * esz >= split_bytes_;
+  const size_t per_step = chunk_ / esz;
+  auto* data = static_cast<char*>(buf);
+  for (size_t off = 0; off < count; off += per_step) {
+    const size_t m = std::min(per_step, count - off);
+    char* dst = data + off * esz;
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    std::memcpy(area(rank_, s, false), dst, m * esz);
+    publish(kPosted, g);
+    await_all(kPosted, g);
+    if (!split) {
+      for (int r = 0; r < size_; ++r)
+        inputs_[r] = area(r, s, false);
+      reduce(dst, inputs_.data(), size_, m);
+      publish(kConsumed, g);
+      continue;
+    }
+    const auto [lo, hi] = slice_of(rank_, size_, m, esz);
+    for (int r = 0; r < size_; ++r)
+      inputs_[r] = area(r, s, false) + lo * esz;
+    reduce(area(rank_, s, true) + lo * esz, inputs_.data(), size_, hi - lo);
+    publish(kReduced, g);
+    await_all(kReduced, g);
+    for (int i = 0; i < size_; ++i) {
+      const int r = (rank_ + i) % size_;
+      const auto [a, b] = slice_of(r, size_, m, esz);
+      std::memcpy(dst + a * esz, area(r, s, true) + a * esz, (b - a) * esz);
+    }
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::broadcast(void* buf, size_t bytes, int root) {
+  auto* data = static_cast<char*>(buf);
+  for (size_t off = 0; off < bytes; off += chunk_) {
+    const size_t m = std::min(chunk_, bytes - off);
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    if (rank_ == root) {
+      std::memcpy(area(rank_, s, false), data + off, m);
+      publish(kPosted, g);
+    } else {
+      await(root, kPosted, g);
+      std::memcpy(data + off, area(root, s, false), m);
+    }
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::allgatherv(const void* in, void* out, const size_t* bytes) {
+  std::vector<size_t> offset(static_cast<size_t>(size_));
+  size_t most = 0;
+  for (int r = 0; r < size_; ++r) {
+    offset[r] = r == 0 ? 0 : offset[r - 1] + bytes[r - 1];
+    most = std::max(most, bytes[r]);
+  }
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (size_t lo = 0; lo < most; lo += chunk_) {
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    const size_t mine = clamp_piece(bytes[rank_], lo, chunk_);
+    if (mine > 0)
+      std::memcpy(area(rank_, s, false), src + lo, mine);
+    publish(kPosted, g);
+    await_all(kPosted, g);
+    for (int r = 0; r < size_; ++r) {
+      const size_t len = clamp_piece(bytes[r], lo, chunk_);
+      if (len > 0) {
+        std::memcpy(
+            dst + offset[r] + lo,
+            r == rank_ ? src + lo : area(r, s, false), len);
+      }
+    }
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::reduce_scatter(
+    const void* in, void* out, const size_t* counts, int dtype, int op) {
+  const ReduceNFn reduce = pick_reduce_n(dtype, op);
+  const size_t esz = element_size(dtype);
+  if (reduce == nullptr || esz == 0)
+    throw std::invalid_argument("ronde: shared memory cannot reduce this type");
+  // Each step carries one piece of every rank's block: a sub-area per rank.
+  const size_t sub = chunk_ / size_ / kLine * kLine;
+  const size_t per = sub / esz;
+  std::vector<size_t> start(static_cast<size_t>(size_));
+  size_t most = 0;
+  for (int r = 0; r < size_; ++r) {
+    start[r] = r == 0 ? 0 : start[r - 1] + counts[r - 1];
+    most = std::max(most, counts[r]);
+  }
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (size_t lo = 0; lo < most; lo += per) {
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    char* mine = area(rank_, s, false);
+    for (int r = 0; r < size_; ++r) {
+      const size_t len = clamp_piece(counts[r], lo, per);
+      if (len > 0)
+        std::memcpy(mine + r * sub, src + (start[r] + lo) * esz, len * esz);
+    }
+    publish(kPosted, g);
+    await_all(kPosted, g);
+    const size_t len = clamp_piece(counts[rank_], lo, per);
+    for (int r = 0; r < size_; ++r)
+      inputs_[r] = area(r, s, false) + rank_ * sub;
+    reduce(dst + lo * esz, inputs_.data(), size_, len);
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::alltoallv(
+    const void* in,
+    const int64_t* send_bytes,
+    void* out,
+    const int64_t* recv_bytes) {
+  const size_t sub = chunk_ / size_ / kLine * kLine;
+  std::vector<size_t> soff(static_cast<size_t>(size_)),
+      roff(static_cast<size_t>(size_));
+  uint64_t steps = 0;
+  for (int r = 0; r < size_; ++r) {
+    soff[r] = r == 0 ? 0 : soff[r - 1] + static_cast<size_t>(send_bytes[r - 1]);
+    roff[r] = r == 0 ? 0 : roff[r - 1] + static_cast<size_t>(recv_bytes[r - 1]);
+    const size_t most =
+        static_cast<size_t>(std::max(send_bytes[r], recv_bytes[r]));
+    if (r != rank_)
+      steps = std::max<uint64_t>(steps, (most + sub - 1) / sub);
+  }
+  // A rank knows only its own pairs: the job's step count is the most any
+  // rank needs.
+  std::vector<uint64_t> all(static_cast<size_t>(size_));
+  std::vector<size_t> eight(static_cast<size_t>(size_), sizeof(uint64_t));
+  allgatherv(&steps, all.data(), eight.data());
+  for (uint64_t v : all)
+    steps = std::max(steps, v);
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  std::memcpy(
+      dst + roff[rank_], src + soff[rank_],
+      static_cast<size_t>(send_bytes[rank_]));
+  for (uint64_t k = 0; k < steps; ++k) {
+    const size_t lo = k * sub;
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    char* mine = area(rank_, s, false);
+    for (int r = 0; r < size_; ++r) {
+      const size_t len =
+          clamp_piece(static_cast<size_t>(send_bytes[r]), lo, sub);
+      if (r != rank_ && len > 0)
+        std::memcpy(mine + r * sub, src + soff[r] + lo, len);
+    }
+    publish(kPosted, g);
+    await_all(kPosted, g);
+    for (int r = 0; r < size_; ++r) {
+      const size_t len =
+          clamp_piece(static_cast<size_t>(recv_bytes[r]), lo, sub);
+      if (r != rank_ && len > 0)
+        std::memcpy(dst + roff[r] + lo, area(r, s, false) + rank_ * sub, len);
+    }
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::barrier() {
+  const uint64_t g = begin_step();
+  publish(kPosted, g);
+  await_all(kPosted, g);
+  publish(kConsumed, g);
+}
+
+}  // namespace ronde::detail::shm

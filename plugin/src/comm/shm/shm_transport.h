@@ -1,0 +1,143 @@
+// The shared-memory data plane between ranks of one host, on raw buffers (no
+// LibTorch here: comm/shm_communicator.cpp adapts tensors). Each rank owns a
+// segment that every rank maps: a control block of sequence counters, and two
+// slots (double buffering), each an input and an output area of one chunk.
+// A collective is a sequence of steps, the same on every rank; each step
+// moves at most one chunk per rank. docs/shared_memory.md has the protocol.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ronde::detail::shm {
+
+struct Options {
+  int rank = 0;  // within the ranks this transport connects
+  int size = 1;
+  // Where the segments are created (a tmpfs); named only until every rank
+  // has mapped them.
+  std::string dir = "/dev/shm";
+  // Bytes of one area: a step moves at most this much per rank. Rounded
+  // down to a multiple of 64; at least 4096.
+  size_t chunk_bytes = size_t{1} << 20;
+  // All-reduces of at least this many bytes reduce-scatter and then
+  // all-gather in memory; smaller ones are reduced whole by every rank.
+  size_t split_bytes = size_t{256} << 10;
+  // A wait that makes no progress for this long fails.
+  std::chrono::milliseconds timeout{30000};
+  // How long a wait spins before it sleeps.
+  std::chrono::microseconds spin{50};
+};
+
+// The job's store, as far as the transport needs it. Keys are this
+// transport's own (the caller prefixes them); get() waits for the key.
+struct Rendezvous {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key)> get;
+};
+
+// Shared memory could not be set up on some rank (no space in the directory,
+// no permission, a peer that cannot map the others' segments). Every rank
+// throws it with the same message, so that the job can agree on another
+// backend. Nothing is left in the directory.
+struct Unavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A peer died, left, or failed its own collective, or no progress came
+// within the timeout, or this rank was interrupted. The transport is
+// unusable afterwards.
+struct Failure : std::runtime_error {
+  enum class Kind { PeerGone, Timeout, Interrupted, Broken };
+  Failure(Kind kind, int peer, const std::string& msg)
+      : std::runtime_error(msg), kind(kind), peer(peer) {}
+  Kind kind;
+  int peer;  // -1 when no peer is to blame
+};
+
+struct Control;
+struct Segment;
+
+// Collectives take the element types and reductions of
+// comm/gloo_module/gloo_module_api.h (RONDE_GLOO_F32, RONDE_GLOO_SUM, ...).
+// One thread calls them at a time; interrupt() may come from any thread.
+class Transport {
+ public:
+  // Collective over every rank: creates this rank's segment, maps the
+  // others'. Throws Unavailable (the same on every rank), Failure, or what
+  // the rendezvous throws.
+  static std::unique_ptr<Transport> connect(
+      const Options& options, const Rendezvous& rendezvous);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const {
+    return rank_;
+  }
+  int size() const {
+    return size_;
+  }
+
+  // In place.
+  void allreduce(void* buf, size_t count, int dtype, int op);
+  void broadcast(void* buf, size_t bytes, int root);
+  // out receives every rank's bytes in rank order; bytes[r] is rank r's.
+  void allgatherv(const void* in, void* out, const size_t* bytes);
+  // in holds one block per rank, in rank order, counts[r] elements for rank
+  // r; out receives this rank's block reduced over every rank.
+  void reduce_scatter(
+      const void* in, void* out, const size_t* counts, int dtype, int op);
+  // send_bytes[r] bytes go to rank r and recv_bytes[r] come from it; both
+  // buffers are laid out in rank order.
+  void alltoallv(
+      const void* in,
+      const int64_t* send_bytes,
+      void* out,
+      const int64_t* recv_bytes);
+  void barrier();
+
+  // Marks this rank's segment aborted (peers waiting on it fail at once) and
+  // makes every later call fail. Safe from any thread, any number of times.
+  void interrupt();
+
+ private:
+  Transport(const Options& options, std::vector<Segment> segments);
+
+  Control& control(int r) const;
+  char* area(int r, int slot, bool out) const;
+  void check_usable() const;
+  uint64_t begin_step();
+  void publish(int counter, uint64_t step);
+  void await(int peer, int counter, uint64_t step);
+  void await_all(int counter, uint64_t step);
+  [[noreturn]] void fail(Failure::Kind kind, int peer, const std::string& msg);
+  bool peer_alive(int peer) const;
+
+  int rank_;
+  int size_;
+  size_t chunk_;
+  size_t split_bytes_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::microseconds spin_;
+  bool yield_while_spinning_;
+  std::vector<Segment> segments_;  // one per rank, rank order
+  uint64_t step_ = 0;              // steps done, the same on every rank
+  std::atomic<bool> interrupted_{false};
+  std::string broken_;  // why the transport is unusable; empty while usable
+  std::vector<const void*> inputs_;  // scratch: one pointer per rank
+};
+
+// Names in `dir` that look like ronde segments whose owner is gone (no
+// process holds the segment's lock), owned by this user: removed. Called
+// once per process before its first segment is made; returns how many.
+int remove_stale_segments(const std::string& dir);
+
+}  // namespace ronde::detail::shm

@@ -1,0 +1,165 @@
+// The shared-memory backend as a Communicator: tensors to raw buffers for
+// comm/shm/shm_transport, the job's store as its rendezvous, and its
+// failures as BackendFailure. Device tensors are staged through host
+// memory, as for Gloo.
+#include "comm/communicator.h"
+#include "comm/host_types.h"
+#include "comm/shm/shm_transport.h"
+#include "runtime/error_text.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <mutex>
+
+namespace ronde::detail {
+namespace {
+
+CommError::Kind error_kind(shm::Failure::Kind k) {
+  switch (k) {
+    case shm::Failure::Kind::Timeout:
+      return CommError::Kind::Timeout;
+    case shm::Failure::Kind::Broken:
+    case shm::Failure::Kind::Interrupted:
+      return CommError::Kind::Broken;
+    case shm::Failure::Kind::PeerGone:
+      return CommError::Kind::PeerFailure;
+  }
+  return CommError::Kind::PeerFailure;
+}
+
+class ShmCommunicator final : public Communicator {
+ public:
+  explicit ShmCommunicator(std::unique_ptr<shm::Transport> transport)
+      : transport_(std::move(transport)) {}
+
+  const char* backend() const override {
+    return "shm";
+  }
+  int rank() const override {
+    return transport_->rank();
+  }
+  int size() const override {
+    return transport_->size();
+  }
+
+  void allreduce(const at::Tensor& tensor, BackendOp op) override {
+    const int dtype = checked_host_dtype(tensor, "shared-memory");
+    at::Tensor h = host(tensor);
+    run([&](shm::Transport& t) {
+      t.allreduce(h.data_ptr(), h.numel(), dtype, host_op(op));
+    });
+    copy_back(tensor, h);
+  }
+
+  void reduce_scatter(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<int64_t>& counts,
+      BackendOp op) override {
+    const int dtype = checked_host_dtype(in, "shared-memory");
+    at::Tensor hi = host(in);
+    at::Tensor ho = host(out);
+    std::vector<size_t> c(counts.begin(), counts.end());
+    run([&](shm::Transport& t) {
+      t.reduce_scatter(
+          hi.data_ptr(), ho.data_ptr(), c.data(), dtype, host_op(op));
+    });
+    copy_back(out, ho);
+  }
+
+  void allgather(
+      const at::Tensor& in,
+      const at::Tensor& out,
+      const std::vector<size_t>& bytes) override {
+    at::Tensor hi = host(in);
+    at::Tensor ho = host(out);
+    run([&](shm::Transport& t) {
+      t.allgatherv(hi.data_ptr(), ho.data_ptr(), bytes.data());
+    });
+    copy_back(out, ho);
+  }
+
+  void broadcast(const at::Tensor& tensor, int root) override {
+    at::Tensor h = host(tensor);
+    run([&](shm::Transport& t) { t.broadcast(h.data_ptr(), h.nbytes(), root); });
+    copy_back(tensor, h);
+  }
+
+  void alltoall(
+      const at::Tensor& in,
+      const std::vector<int64_t>& send_bytes,
+      const at::Tensor& out,
+      const std::vector<int64_t>& recv_bytes) override {
+    at::Tensor hi = host(in);
+    at::Tensor ho = host(out);
+    run([&](shm::Transport& t) {
+      t.alltoallv(
+          hi.data_ptr(), send_bytes.data(), ho.data_ptr(), recv_bytes.data());
+    });
+    copy_back(out, ho);
+  }
+
+  void barrier() override {
+    run([](shm::Transport& t) { t.barrier(); });
+  }
+
+  void abort() override {
+    transport_->interrupt();
+  }
+  void interrupt() override {
+    transport_->interrupt();
+  }
+
+ private:
+  template <typename F>
+  void run(F&& fn) {
+    try {
+      fn(*transport_);
+    } catch (const shm::Failure& e) {
+      throw BackendFailure(error_kind(e.kind), e.what());
+    }
+  }
+
+  std::unique_ptr<shm::Transport> transport_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shm_communicator(
+    const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const ShmConfig& config) {
+  shm::Options o;
+  o.rank = rank;
+  o.size = size;
+  o.dir = config.dir;
+  o.chunk_bytes = config.chunk_bytes;
+  o.split_bytes = config.split_bytes;
+  o.timeout = timeout;
+  shm::Rendezvous rv;
+  rv.set = [&](const std::string& k, const std::string& v) {
+    store->set(prefix + k, std::vector<uint8_t>(v.begin(), v.end()));
+  };
+  rv.get = [&](const std::string& k) {
+    store->wait({prefix + k}, timeout);
+    auto v = store->get(prefix + k);
+    return std::string(v.begin(), v.end());
+  };
+  try {
+    return std::make_unique<ShmCommunicator>(shm::Transport::connect(o, rv));
+  } catch (const shm::Unavailable& e) {
+    throw ShmUnavailable(e.what());
+  } catch (const shm::Failure& e) {
+    throw BackendFailure(error_kind(e.kind), e.what());
+  } catch (const std::exception& e) {
+    throw BackendFailure(
+        CommError::Kind::Rendezvous,
+        std::string("shared-memory rendezvous: ") + error_text(e));
+  }
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,513 @@
+// The shared-memory transport on its own: ranks are forked processes that
+// meet through a directory instead of a store. What the collectives compute
+// is tested through the public API (multirank/collectives_test.cpp); here:
+// segment names and modes, what is left behind, dead and late peers, and
+// a directory too small.
+#include "comm/gloo_module/gloo_module_api.h"
+#include "comm/shm/shm_transport.h"
+#include "runtime/rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shm = ronde::detail::shm;
+
+namespace {
+
+std::string make_dir(const std::string& under) {
+  std::string tmpl = under + "/ronde_test_XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr)
+    return "";
+  return buf.data();
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        out.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+void remove_tree(const std::string& dir) {
+  for (const auto& e : entries(dir))
+    ::unlink((dir + "/" + e).c_str());
+  ::rmdir(dir.c_str());
+}
+
+// A rendezvous through files: set() writes a file atomically, get() waits
+// for it.
+shm::Rendezvous file_rendezvous(
+    const std::string& dir, const std::string& prefix = "") {
+  shm::Rendezvous rv;
+  auto path = [dir, prefix](std::string key) {
+    key = prefix + key;
+    for (char& c : key)
+      c = c == '/' ? '_' : c;
+    return dir + "/" + key;
+  };
+  rv.set = [path](const std::string& k, const std::string& v) {
+    const std::string p = path(k);
+    { std::ofstream(p + ".tmp") << v; }
+    std::rename((p + ".tmp").c_str(), p.c_str());
+  };
+  rv.get = [path](const std::string& k) {
+    const std::string p = path(k);
+    for (int i = 0; i < 30000; ++i) {
+      std::ifstream f(p);
+      if (f) {
+        std::stringstream s;
+        s << f.rdbuf();
+        return s.str();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    throw std::runtime_error("rendezvous key " + k + " never came");
+  };
+  return rv;
+}
+
+struct Job {
+  std::string shm_dir;  // where the segments go
+  std::string rv_dir;   // where the ranks meet
+  std::vector<pid_t> pids;
+  Job() {
+    shm_dir = make_dir("/dev/shm");
+    rv_dir = make_dir("/tmp");
+  }
+  ~Job() {
+    for (pid_t p : pids) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+    remove_tree(shm_dir);
+    remove_tree(rv_dir);
+  }
+  shm::Options options(int rank, int size) const {
+    shm::Options o;
+    o.rank = rank;
+    o.size = size;
+    o.dir = shm_dir;
+    o.chunk_bytes = 4096;
+    o.timeout = std::chrono::milliseconds(20000);
+    return o;
+  }
+  // Forks `size` ranks running body(rank); each exits with body's value.
+  void start(int size, const std::function<int(int)>& body) {
+    for (int r = 0; r < size; ++r) {
+      pid_t p = ::fork();
+      if (p == 0) {
+        int rc = 99;
+        try {
+          rc = body(r);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+          rc = 98;
+        }
+        std::fflush(stdout);
+        std::fflush(stderr);
+        ::_exit(rc);
+      }
+      pids.push_back(p);
+    }
+  }
+  // Exit codes (128 + signal for a killed rank), in rank order.
+  std::vector<int> wait() {
+    std::vector<int> codes;
+    for (pid_t p : pids) {
+      int st = 0;
+      ::waitpid(p, &st, 0);
+      codes.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    pids.clear();
+    return codes;
+  }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(rv_dir + "/" + name) << text;
+  }
+  std::string read(const std::string& name) const {
+    std::ifstream f(rv_dir + "/" + name);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+};
+
+double thread_cpu_seconds() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_THREAD, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+      (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+TEST(ShmTransport, SegmentsArePrivateRandomAndGoneOnceConnected) {
+  Job job;
+  ASSERT_FALSE(job.shm_dir.empty());
+  const int n = 3;
+  job.start(n, [&](int r) {
+    shm::Rendezvous rv = file_rendezvous(job.rv_dir);
+    // While ranks agree that every segment is mapped, every name exists.
+    auto get = rv.get;
+    bool looked = false;
+    rv.get = [&, get](const std::string& k) {
+      if (r == 0 && !looked && k.rfind("mapped/", 0) == 0) {
+        looked = true;
+        std::string seen;
+        for (const auto& e : entries(job.shm_dir)) {
+          struct stat st {};
+          ::stat((job.shm_dir + "/" + e).c_str(), &st);
+          char mode[8];
+          std::snprintf(mode, sizeof(mode), "%o", st.st_mode & 0777);
+          seen += e + " " + mode + "\n";
+        }
+        job.write("seen", seen);
+      }
+      return get(k);
+    };
+    auto t = shm::Transport::connect(job.options(r, n), rv);
+    t->barrier();
+    if (r == 0)
+      job.write("after", std::to_string(entries(job.shm_dir).size()));
+    t->barrier();
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+  const std::string seen = job.read("seen");
+  std::istringstream lines(seen);
+  std::string name, mode, nonce;
+  int count = 0;
+  while (lines >> name >> mode) {
+    ++count;
+    EXPECT_EQ(mode, "600") << seen;
+    // ronde-<32 hex digits>-<rank>, the same random part for the job.
+    ASSERT_EQ(name.rfind("ronde-", 0), 0u) << seen;
+    std::string part = name.substr(6, 32);
+    EXPECT_EQ(part.find_first_not_of("0123456789abcdef"), std::string::npos);
+    if (nonce.empty())
+      nonce = part;
+    EXPECT_EQ(part, nonce) << seen;
+  }
+  EXPECT_EQ(count, n) << seen;
+  EXPECT_EQ(job.read("after"), "0");
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+TEST(ShmTransport, CollectivesAcrossChunks) {
+  // A smoke test of every collective at sizes around the 4096-byte chunk
+  // (the public API's tests cover types, ops and ragged shapes).
+  Job job;
+  const int n = 3;
+  job.start(n, [&](int r) {
+    auto t = shm::Transport::connect(
+        job.options(r, n), file_rendezvous(job.rv_dir));
+    // A second transport between the same ranks, splitting every
+    // all-reduce: both algorithms must give the same bits.
+    shm::Options o = job.options(r, n);
+    o.split_bytes = 0;
+    auto split = shm::Transport::connect(o, file_rendezvous(job.rv_dir, "s"));
+    for (size_t count : {size_t{1}, size_t{1023}, size_t{1024},
+                         size_t{5000}}) {
+      auto val = [](int rank, size_t i) {
+        return static_cast<float>(rank + 1) * 0.1f * static_cast<float>(i % 7);
+      };
+      std::vector<float> x(count), y(count);
+      for (size_t i = 0; i < count; ++i)
+        x[i] = y[i] = val(r, i);
+      t->allreduce(x.data(), count, RONDE_GLOO_F32, RONDE_GLOO_SUM);
+      split->allreduce(y.data(), count, RONDE_GLOO_F32, RONDE_GLOO_SUM);
+      for (size_t i = 0; i < count; ++i) {
+        // In rank order, on every rank and by both algorithms.
+        const float want = (val(0, i) + val(1, i)) + val(2, i);
+        if (x[i] != want || std::memcmp(&x[i], &y[i], 4) != 0)
+          return 10;
+      }
+      std::vector<int32_t> b(count, r == 1 ? 42 : 0);
+      t->broadcast(b.data(), count * 4, 1);
+      for (int32_t v : b) {
+        if (v != 42)
+          return 11;
+      }
+      std::vector<size_t> bytes = {count, count + 3, 0};
+      std::vector<char> in(bytes[r], static_cast<char>('a' + r));
+      std::vector<char> out(bytes[0] + bytes[1] + bytes[2]);
+      t->allgatherv(in.data(), out.data(), bytes.data());
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] != (i < bytes[0] ? 'a' : 'b'))
+          return 12;
+      }
+      std::vector<size_t> counts = {count, count + 1, 2};
+      std::vector<int64_t> rs(counts[0] + counts[1] + counts[2], r + 1);
+      std::vector<int64_t> mine(counts[r]);
+      t->reduce_scatter(
+          rs.data(), mine.data(), counts.data(), RONDE_GLOO_I64,
+          RONDE_GLOO_SUM);
+      for (int64_t v : mine) {
+        if (v != 6)
+          return 13;
+      }
+    }
+    t->barrier();
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+}
+
+TEST(ShmTransport, KilledPeerIsNamedQuickly) {
+  Job job;
+  const int n = 3;
+  job.start(n, [&](int r) {
+    auto t = shm::Transport::connect(
+        job.options(r, n), file_rendezvous(job.rv_dir));
+    t->barrier();
+    if (r == 2) {
+      ::kill(::getpid(), SIGKILL);  // dies before the next collective
+    }
+    std::vector<float> x(100000, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      t->allreduce(x.data(), x.size(), RONDE_GLOO_F32, RONDE_GLOO_SUM);
+      return 20;
+    } catch (const shm::Failure& e) {
+      const double s = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+      job.write(
+          "failure" + std::to_string(r),
+          std::string(e.what()) + "\nseconds " + std::to_string(s) + "\n");
+      // Later calls fail at once.
+      try {
+        t->barrier();
+        return 21;
+      } catch (const shm::Failure& later) {
+        if (later.kind != shm::Failure::Kind::Broken)
+          return 22;
+      }
+      return e.kind == shm::Failure::Kind::PeerGone ? 0 : 23;
+    }
+  });
+  std::vector<int> codes = job.wait();
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], 128 + SIGKILL);
+  for (int r = 0; r < 2; ++r) {
+    const std::string f = job.read("failure" + std::to_string(r));
+    // The rank that saw the death names rank 2; the other may instead hear
+    // that rank 0 or 1 gave up after that failure.
+    EXPECT_NE(f.find("rank "), std::string::npos) << f;
+    double seconds = std::stod(f.substr(f.find("seconds ") + 8));
+    // Found by the owner's lock (every 100 ms of waiting), far within the
+    // 20 s timeout.
+    EXPECT_LT(seconds, 5.0) << f;
+  }
+  EXPECT_TRUE(
+      job.read("failure0").find("rank 2") != std::string::npos ||
+      job.read("failure1").find("rank 2") != std::string::npos);
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+TEST(ShmTransport, WaitingForALatePeerSleeps) {
+  Job job;
+  job.start(2, [&](int r) {
+    auto t = shm::Transport::connect(
+        job.options(r, 2), file_rendezvous(job.rv_dir));
+    t->barrier();
+    if (r == 1)
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+    const double cpu = thread_cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    t->barrier();
+    if (r == 0) {
+      const double wall = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+      job.write(
+          "cpu", std::to_string(thread_cpu_seconds() - cpu) + " " +
+              std::to_string(wall));
+    }
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(2, 0));
+  std::istringstream in(job.read("cpu"));
+  double cpu = 0, wall = 0;
+  in >> cpu >> wall;
+  std::printf("waiting %.2f s for a late peer cost %.4f s of CPU\n", wall, cpu);
+  EXPECT_GT(wall, 1.5);
+  // A spinning wait would cost about the 2 s it waited.
+  EXPECT_LT(cpu, 0.2);
+}
+
+TEST(ShmTransport, InterruptFailsPeersAtOnce) {
+  Job job;
+  job.start(2, [&](int r) {
+    auto t = shm::Transport::connect(
+        job.options(r, 2), file_rendezvous(job.rv_dir));
+    t->barrier();
+    if (r == 1) {
+      t->interrupt();
+      return 0;
+    }
+    try {
+      t->barrier();
+      return 30;
+    } catch (const shm::Failure& e) {
+      return e.kind == shm::Failure::Kind::PeerGone &&
+              e.peer == 1 ? 0 : 31;
+    }
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(2, 0));
+}
+
+TEST(ShmTransport, AbsentPeerTimesOut) {
+  Job job;
+  job.start(2, [&](int r) {
+    shm::Options o = job.options(r, 2);
+    o.timeout = std::chrono::milliseconds(300);
+    auto t = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return 0;
+    }
+    try {
+      t->barrier();
+      return 40;
+    } catch (const shm::Failure& e) {
+      return e.kind == shm::Failure::Kind::Timeout ? 0 : 41;
+    }
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(2, 0));
+}
+
+TEST(ShmTransport, StaleSegmentsOfDeadOwnersAreRemoved) {
+  const std::string dir = make_dir("/dev/shm");
+  ASSERT_FALSE(dir.empty());
+  // Left by a job killed during init: no process holds its lock.
+  { std::ofstream(dir + "/ronde-00ff-1") << "x"; }
+  // One whose owner lives (a child holding the lock).
+  { std::ofstream(dir + "/ronde-00ff-0") << "x"; }
+  { std::ofstream(dir + "/other-file") << "x"; }
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t owner = ::fork();
+  if (owner == 0) {
+    int fd = ::open((dir + "/ronde-00ff-0").c_str(), O_RDWR);
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    l.l_len = 1;
+    ::fcntl(fd, F_SETLK, &l);
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  EXPECT_EQ(shm::remove_stale_segments(dir), 1);
+  auto left = entries(dir);
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"other-file", "ronde-00ff-0"}));
+  ::kill(owner, SIGKILL);
+  ::waitpid(owner, nullptr, 0);
+  EXPECT_EQ(shm::remove_stale_segments(dir), 1);
+  EXPECT_EQ(entries(dir), std::vector<std::string>{"other-file"});
+  ::close(ready[0]);
+  ::close(ready[1]);
+  remove_tree(dir);
+}
+
+// Every rank gets the same Unavailable, and nothing is left behind.
+void expect_unavailable_everywhere(
+    Job& job, const std::string& dir, const std::string& needle) {
+  const int n = 2;
+  job.start(n, [&](int r) {
+    shm::Options o = job.options(r, n);
+    o.dir = dir;
+    o.chunk_bytes = 1 << 20;
+    try {
+      shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+      return 50;
+    } catch (const shm::Unavailable& e) {
+      job.write("why" + std::to_string(r), e.what());
+      return 0;
+    }
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+  EXPECT_EQ(job.read("why0"), job.read("why1"));
+  EXPECT_NE(job.read("why0").find(needle), std::string::npos)
+      << job.read("why0");
+}
+
+TEST(ShmTransport, MissingDirectoryIsUnavailable) {
+  Job job;
+  expect_unavailable_everywhere(
+      job, job.shm_dir + "/absent", "cannot create");
+}
+
+TEST(ShmTransport, TooSmallDirectoryIsUnavailableWithTheSizeNeeded) {
+  Job job;
+  const std::string small = make_dir("/tmp");
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=1m,mode=0700") != 0) {
+    ::rmdir(small.c_str());
+    GTEST_SKIP() << "cannot mount a small tmpfs (needs root)";
+  }
+  // Two ranks of 4.0 MiB each in 1 MiB.
+  expect_unavailable_everywhere(job, small, "cannot reserve 4.0 MiB per rank");
+  EXPECT_TRUE(entries(small).empty());
+  ::umount(small.c_str());
+  ::rmdir(small.c_str());
+}
+
+TEST(HostIdentity, OtherNetworkNamespaceIsAnotherHost) {
+  const std::string here = ronde::detail::host_identity();
+  EXPECT_NE(here.find("/net:"), std::string::npos) << here;
+  EXPECT_EQ(ronde::detail::host_identity(), here);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t p = ::fork();
+  if (p == 0) {
+    std::string there = ::unshare(CLONE_NEWNET) == 0
+        ? ronde::detail::host_identity()
+        : "skip";
+    (void)!::write(fds[1], there.data(), there.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  char buf[512] = {0};
+  ssize_t got = ::read(fds[0], buf, sizeof(buf) - 1);
+  ::close(fds[0]);
+  ::waitpid(p, nullptr, 0);
+  std::string there(buf, got > 0 ? got : 0);
+  if (there == "skip")
+    GTEST_SKIP() << "cannot make a network namespace (needs root)";
+  EXPECT_NE(there, here);
+  // The same machine: the boot id part agrees.
+  EXPECT_EQ(there.substr(0, there.find('/')), here.substr(0, here.find('/')));
+}
+
+}  // namespace
