@@ -1,9 +1,18 @@
-// nccl-tests-style all-reduce sweep over ronde's collectives. Run under
-// ronderun: `ronderun -np 2 allreduce_bench -b 4K -e 256M -f 2 --json
-// out.json`. For each size: warm-up calls, then timed calls; the median is
-// reported as time, algbw (bytes / time) and busbw (algbw x 2(n-1)/n), with the
-// cross-rank descriptor check on (the default) and off, so the check's
-// cost is measured rather than guessed.
+// nccl-tests-style sweep over ronde's collectives. Run under ronderun:
+// `ronderun -np 2 allreduce_bench -b 4K -e 256M -f 2 --json out.json`.
+// --op picks the collective: allreduce (the default, in place, float32 sum),
+// broadcast (in place, from rank 0), allgather (bytes / n per rank, bytes
+// out) or reducescatter (bytes in, bytes / n out, sum). For each size:
+// warm-up calls, then timed calls; the median is reported as time, algbw
+// (bytes / time, bytes the larger of input and output) and busbw (algbw x
+// 2(n-1)/n for allreduce, x 1 for broadcast, x (n-1)/n for allgather and
+// reducescatter, as nccl-tests defines them), with the cross-rank descriptor
+// check on (the default) and off, so the check's cost is measured rather
+// than guessed.
+//
+// `allreduce_bench --memcpy -b 4K -e 256M` runs alone, without ronderun: the
+// bandwidth of one thread's memcpy at each size of the sweep, the ceiling
+// of a copy through shared memory, in the same JSON shape.
 #include <ronde/ronde.h>
 
 #include <ATen/ATen.h>
@@ -12,10 +21,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,19 +56,122 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Median seconds of one in-place all-reduce, timed between barriers so that
-// every rank measures the same collective.
-double time_allreduce(at::Tensor& t, bool verify, int warmup, int iters) {
-  auto opts = ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).verify(verify);
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+enum class Op { Allreduce, Broadcast, Allgather, Reducescatter };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Allreduce:
+      return "allreduce";
+    case Op::Broadcast:
+      return "broadcast";
+    case Op::Allgather:
+      return "allgather";
+    case Op::Reducescatter:
+      return "reducescatter";
+  }
+  return "?";
+}
+
+Op parse_op(const std::string& s) {
+  for (Op op :
+       {Op::Allreduce, Op::Broadcast, Op::Allgather, Op::Reducescatter}) {
+    if (s == op_name(op))
+      return op;
+  }
+  throw std::invalid_argument(
+      "--op: " + s + " (allreduce, broadcast, allgather, reducescatter)");
+}
+
+const char* describe(Op op) {
+  switch (op) {
+    case Op::Allreduce:
+      return "float32 sum, in place";
+    case Op::Broadcast:
+      return "float32, in place, root 0";
+    case Op::Allgather:
+      return "float32, bytes / n in per rank";
+    case Op::Reducescatter:
+      return "float32 sum, bytes / n out per rank";
+  }
+  return "?";
+}
+
+// nccl-tests' busbw factor: what each link of a ring carries per byte of
+// the collective. One rank: 1, busbw = algbw.
+double bus_factor(Op op, int n) {
+  if (n <= 1)
+    return 1.0;
+  switch (op) {
+    case Op::Allreduce:
+      return 2.0 * (n - 1) / n;
+    case Op::Broadcast:
+      return 1.0;
+    case Op::Allgather:
+    case Op::Reducescatter:
+      return static_cast<double>(n - 1) / n;
+  }
+  return 1.0;
+}
+
+// The tensor each rank passes for a sweep size of `bytes`: allgather gets
+// bytes / n per rank, reducescatter a multiple of n elements (every rank
+// then receives the same count). Sets *total to the bytes the collective
+// moves, the larger of its input and output.
+at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
+  int64_t count = bytes / 4;
+  if (op == Op::Allgather) {
+    int64_t per_rank = std::max<int64_t>(1, count / n);
+    *total = per_rank * n * 4;
+    return at::ones({per_rank});
+  }
+  if (op == Op::Reducescatter)
+    count = std::max<int64_t>(1, count / n) * n;
+  *total = count * 4;
+  return at::ones({count});
+}
+
+// One call of the collective, options built once, outside the timed region.
+std::function<void()> make_call(Op op, const at::Tensor& t, bool verify) {
+  switch (op) {
+    case Op::Allreduce: {
+      auto opts =
+          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).verify(verify);
+      return [t, opts] { ronde::allreduce_(t, opts); };
+    }
+    case Op::Broadcast: {
+      auto opts = ronde::CollectiveOptions().verify(verify);
+      return [t, opts] { ronde::broadcast_(t, 0, opts); };
+    }
+    case Op::Allgather: {
+      auto opts = ronde::CollectiveOptions().verify(verify);
+      return [t, opts] { ronde::allgather(t, opts); };
+    }
+    case Op::Reducescatter: {
+      auto opts =
+          ronde::ReducescatterOptions().op(ronde::ReduceOp::Sum).verify(verify);
+      return [t, opts] { ronde::reducescatter(t, opts); };
+    }
+  }
+  throw std::logic_error("unknown op");
+}
+
+// Median seconds of one call, timed between barriers so that every rank
+// measures the same collective.
+double time_collective(
+    const std::function<void()>& call, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i)
-    ronde::allreduce_(t, opts);
+    call();
   std::vector<double> samples;
   for (int i = 0; i < iters; ++i) {
     ronde::barrier();
     auto t0 = std::chrono::steady_clock::now();
-    ronde::allreduce_(t, opts);
-    auto t1 = std::chrono::steady_clock::now();
-    samples.push_back(std::chrono::duration<double>(t1 - t0).count());
+    call();
+    samples.push_back(seconds_since(t0));
   }
   // Every rank reports rank 0's clock: take the max over ranks of the median.
   at::Tensor m = at::full({1}, median(samples), at::kDouble);
@@ -63,50 +179,118 @@ double time_allreduce(at::Tensor& t, bool verify, int warmup, int iters) {
   return m.item<double>();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Sweep {
   int64_t begin = 4 << 10, end = 256 << 20;
   double factor = 2;
   int warmup = 3, min_iters = 5;
   double target_seconds = 0.5;  // per size and mode, beyond min_iters
   std::string json_path;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc)
-        throw std::invalid_argument(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "-b")
-      begin = parse_size(next());
-    else if (a == "-e")
-      end = parse_size(next());
-    else if (a == "-f")
-      factor = std::stod(next());
-    else if (a == "-w")
-      warmup = std::stoi(next());
-    else if (a == "-n")
-      min_iters = std::stoi(next());
-    else if (a == "--json")
-      json_path = next();
-    else {
-      std::cerr << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
-                   "[-n 5] [--json FILE]\n";
-      return 2;
-    }
+};
+
+struct AlignedFree {
+  void operator()(void* p) const {
+    std::free(p);
   }
+};
+
+// 64-byte aligned, like LibTorch's CPU tensors, and every page touched.
+std::unique_ptr<unsigned char, AlignedFree> touched_buffer(
+    int64_t bytes, int fill) {
+  size_t size = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+  auto* p = static_cast<unsigned char*>(std::aligned_alloc(64, size));
+  if (!p)
+    throw std::bad_alloc();
+  std::memset(p, fill, size);
+  return std::unique_ptr<unsigned char, AlignedFree>(p);
+}
+
+// Keeps the compiler from dropping or merging copies whose result is not
+// read.
+void clobber_memory() {
+  asm volatile("" : : : "memory");
+}
+
+// Single-thread std::memcpy between two distinct, pre-touched buffers at
+// each size of the sweep. A sample times enough copies for about 10 us (one
+// copy of a small buffer is below the clock's resolution); the median
+// sample, per copy, is reported, with busbw = algbw = bytes / time.
+int run_memcpy(const Sweep& s) {
+  std::ostringstream json;
+  json << "{\"benchmark\":\"allreduce\",\"impl\":\"memcpy\",\"op\":\"memcpy\","
+       << "\"ranks\":1,\"dtype\":\"float32\",\"results\":[";
+  std::printf("# memcpy, one thread, distinct pre-touched buffers, median\n");
+  std::printf(
+      "%12s %10s %10s %8s %6s\n", "bytes", "time_us", "GBs", "samples", "reps");
+  bool first = true;
+  for (double b = static_cast<double>(s.begin); b <= s.end; b *= s.factor) {
+    int64_t bytes = static_cast<int64_t>(b) / 4 * 4;
+    auto src = touched_buffer(bytes, 1);
+    auto dst = touched_buffer(bytes, 0);
+    auto copy = [&] {
+      std::memcpy(dst.get(), src.get(), bytes);
+      clobber_memory();
+    };
+    for (int i = 0; i < std::max(s.warmup, 1); ++i)
+      copy();
+    auto t0 = std::chrono::steady_clock::now();
+    copy();
+    double probe = std::max(seconds_since(t0), 1e-9);
+    int reps = std::min(1000, std::max(1, static_cast<int>(10e-6 / probe)));
+    int iters = std::max(
+        s.min_iters, static_cast<int>(s.target_seconds / (probe * reps)));
+    iters = std::min(iters, 200);
+    std::vector<double> samples;
+    for (int i = 0; i < iters; ++i) {
+      t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r)
+        copy();
+      samples.push_back(seconds_since(t0) / reps);
+    }
+    double sec = median(samples);
+    double gbs = static_cast<double>(bytes) / sec / 1e9;
+    std::printf(
+        "%12lld %10.2f %10.3f %8d %6d\n",
+        static_cast<long long>(bytes),
+        sec * 1e6,
+        gbs,
+        iters,
+        reps);
+    std::fflush(stdout);
+    json << (first ? "" : ",") << "{\"bytes\":" << bytes
+         << ",\"iters\":" << iters << ",\"reps\":" << reps
+         << ",\"time_us\":" << sec * 1e6 << ",\"algbw_GBs\":" << gbs
+         << ",\"busbw_GBs\":" << gbs << "}";
+    first = false;
+  }
+  json << "]}";
+  if (!s.json_path.empty())
+    std::ofstream(s.json_path) << json.str() << "\n";
+  return 0;
+}
+
+int run_collective(Op op, const Sweep& s) {
   at::set_num_threads(1);
   ronde::init();
   const int n = ronde::size();
   const int rank = ronde::rank();
-  const double bus_factor = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  const double factor = bus_factor(op, n);
+  const std::string backend = ronde::host_backend();
+  const bool reduces = op == Op::Allreduce || op == Op::Reducescatter;
   std::ostringstream json;
-  json << "{\"benchmark\":\"allreduce\",\"impl\":\"ronde\",\"ranks\":" << n
-       << ",\"dtype\":\"float32\",\"op\":\"sum\",\"results\":[";
+  json << "{\"benchmark\":\"allreduce\",\"impl\":\"ronde\",\"op\":\""
+       << op_name(op) << "\",\"ranks\":" << n << ",\"dtype\":\"float32\"";
+  if (reduces)
+    json << ",\"reduce_op\":\"sum\"";
+  if (op == Op::Broadcast)
+    json << ",\"root\":0";
+  json << ",\"backend\":\"" << backend << "\",\"results\":[";
   if (rank == 0) {
     std::printf(
-        "# ronde allreduce, %d ranks, float32 sum, in place, median\n", n);
+        "# ronde %s, %d ranks, %s, over %s, median\n",
+        op_name(op),
+        n,
+        describe(op),
+        backend.c_str());
     std::printf(
         "%12s %10s %10s %10s %10s %10s\n",
         "bytes",
@@ -117,24 +301,26 @@ int main(int argc, char** argv) {
         "check_cost");
   }
   bool first = true;
-  for (double bytes = static_cast<double>(begin); bytes <= end;
-       bytes *= factor) {
-    int64_t count = static_cast<int64_t>(bytes) / 4;
-    at::Tensor t = at::ones({count});
+  for (double b = static_cast<double>(s.begin); b <= s.end; b *= s.factor) {
+    int64_t total = 0;
+    at::Tensor t = input_for(op, static_cast<int64_t>(b), n, &total);
+    auto checked = make_call(op, t, true);
+    auto unchecked = make_call(op, t, false);
     // Enough iterations for about target_seconds, never fewer than min_iters.
-    double probe = time_allreduce(t, true, 1, 1);
+    double probe = time_collective(checked, 1, 1);
     int iters = std::max(
-        min_iters, static_cast<int>(target_seconds / std::max(probe, 1e-6)));
+        s.min_iters,
+        static_cast<int>(s.target_seconds / std::max(probe, 1e-6)));
     iters = std::min(iters, 200);
     // Every rank must run the same number of iterations.
     at::Tensor it = at::full({1}, iters, at::kLong);
     ronde::allreduce_(it, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
     iters = static_cast<int>(it.item<int64_t>());
-    double with_check = time_allreduce(t, true, warmup, iters);
-    double without = time_allreduce(t, false, warmup, iters);
-    double real_bytes = static_cast<double>(count) * 4;
+    double with_check = time_collective(checked, s.warmup, iters);
+    double without = time_collective(unchecked, s.warmup, iters);
+    double real_bytes = static_cast<double>(total);
     double algbw = real_bytes / with_check / 1e9;
-    double busbw = algbw * bus_factor;
+    double busbw = algbw * factor;
     if (rank == 0) {
       std::printf(
           "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%%\n",
@@ -146,17 +332,62 @@ int main(int argc, char** argv) {
           100.0 * (with_check - without) / without);
       std::fflush(stdout);
     }
-    json << (first ? "" : ",")
-         << "{\"bytes\":" << static_cast<int64_t>(real_bytes)
+    json << (first ? "" : ",") << "{\"bytes\":" << total
          << ",\"iters\":" << iters << ",\"time_us\":" << with_check * 1e6
          << ",\"algbw_GBs\":" << algbw << ",\"busbw_GBs\":" << busbw
          << ",\"nocheck_time_us\":" << without * 1e6 << "}";
     first = false;
   }
   json << "]}";
-  if (rank == 0 && !json_path.empty()) {
-    std::ofstream(json_path) << json.str() << "\n";
+  if (rank == 0 && !s.json_path.empty()) {
+    std::ofstream(s.json_path) << json.str() << "\n";
   }
   ronde::shutdown();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Sweep s;
+  Op op = Op::Allreduce;
+  bool memcpy_mode = false;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc)
+          throw std::invalid_argument(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "-b")
+        s.begin = parse_size(next());
+      else if (a == "-e")
+        s.end = parse_size(next());
+      else if (a == "-f")
+        s.factor = std::stod(next());
+      else if (a == "-w")
+        s.warmup = std::stoi(next());
+      else if (a == "-n")
+        s.min_iters = std::stoi(next());
+      else if (a == "--json")
+        s.json_path = next();
+      else if (a == "--op")
+        op = parse_op(next());
+      else if (a == "--memcpy")
+        memcpy_mode = true;
+      else
+        throw std::invalid_argument("unknown argument " + a);
+    }
+    if (s.begin < 4 || s.factor <= 1)
+      throw std::invalid_argument("-b must be at least 4 and -f above 1");
+  } catch (const std::exception& e) {
+    std::cerr << "allreduce_bench: " << e.what() << "\n"
+              << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
+                 "[-n 5] [--json FILE]\n"
+                 "                       [--op allreduce|broadcast|"
+                 "allgather|reducescatter | --memcpy]\n";
+    return 2;
+  }
+  return memcpy_mode ? run_memcpy(s) : run_collective(op, s);
 }

@@ -1,10 +1,20 @@
-"""Runs the all-reduce sweep of ronde and of torch.distributed (gloo) side by
-side, alternating them over several rounds (this machine is noisy), and
-prints per size the median over rounds of each and their ratio.
+"""Runs the collective sweeps of ronde and of torch.distributed (gloo) side
+by side, alternating them over several rounds (this machine is noisy), and
+prints per rank count, collective and size the median over rounds of each
+and their ratios.
 
     .venv/bin/python benchmarks/run_allreduce.py --np 2 --rounds 3
+    .venv/bin/python benchmarks/run_allreduce.py --np 2,4 \\
+        --ops allreduce,allgather --plot allreduce.png
 
---baseline-build DIR adds a third program to every round: ronde as built
+Every round runs, for each rank count and collective in turn: `ronde`
+(allreduce_bench in the default environment: shared memory between ranks
+on one host), `ronde-gloo` (the same binary with RONDE_SHM=0: Gloo over
+TCP) and `torch` (torch_allreduce_bench.py); and once per round
+`allreduce_bench --memcpy`, one thread's memcpy at the same sizes, the
+ceiling of a copy through shared memory.
+
+--baseline-build DIR adds one more program to every round: ronde as built
 in DIR (another checkout, before a change), so that a change is measured
 against what it changed in one command, alternating with it.
 
@@ -20,88 +30,267 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OPS = ("allreduce", "broadcast", "allgather", "reducescatter")
+# Summary and JSON key stem of each program.
+KEYS = {"ronde": "ronde", "ronde-gloo": "ronde_gloo", "torch": "torch",
+        "baseline": "baseline"}
 
 
 def run(cmd, env):
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
+def comma_list(s):
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def size_label(n):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def summarize(runs, memcpy_runs, impls):
+    """Per size: the median over rounds of each program, and the ratios."""
+    sizes = [row["bytes"] for row in runs["ronde"][0]["results"]]
+    for impl, rs in list(runs.items()) + [("memcpy", memcpy_runs)]:
+        for r in rs:
+            if r["results"] and len(r["results"]) != len(sizes):
+                raise SystemExit(f"{impl}: {len(r['results'])} sizes, ronde "
+                                 f"{len(sizes)}: the sweeps differ")
+
+    def per_size(rs, key):
+        """Medians by size; None where a program has no results (torch with
+        a collective its Gloo does not run)."""
+        if not all(r["results"] for r in rs):
+            return [None] * len(sizes)
+        return [statistics.median(r["results"][i][key] for r in rs)
+                for i in range(len(sizes))]
+
+    def spread(impl, i):
+        if not all(r["results"] for r in runs[impl]):
+            return None
+        vals = [r["results"][i]["busbw_GBs"] for r in runs[impl]]
+        return (max(vals) - min(vals)) / statistics.median(vals)
+
+    bw = {impl: per_size(runs[impl], "busbw_GBs") for impl in impls}
+    rt = per_size(runs["ronde"], "time_us")
+    nc = per_size(runs["ronde"], "nocheck_time_us")
+    # Matched by position in the sweep: allgather's and reducescatter's
+    # bytes are rounded to a multiple of the rank count, memcpy's are not.
+    mc = per_size(memcpy_runs, "busbw_GBs")
+
+    def div(x, y):
+        return x / y if x is not None and y else None
+
+    rows = []
+    for i, size in enumerate(sizes):
+        row = {"bytes": size}
+        for impl in impls:
+            row[KEYS[impl] + "_busbw_GBs"] = bw[impl][i]
+        row.update(memcpy_GBs=mc[i],
+                   ratio=div(bw["ronde"][i], bw["torch"][i]),
+                   vs_gloo=div(bw["ronde"][i], bw["ronde-gloo"][i]),
+                   of_memcpy=div(bw["ronde"][i], mc[i]),
+                   ronde_time_us=rt[i], ronde_nocheck_time_us=nc[i],
+                   check_cost=(rt[i] - nc[i]) / nc[i],
+                   spread_ronde=spread("ronde", i),
+                   spread_torch=spread("torch", i))
+        if "baseline" in impls:
+            row["vs_baseline"] = div(bw["ronde"][i], bw["baseline"][i])
+        rows.append(row)
+    return rows
+
+
+def print_table(np_, op, rounds, rows, baseline, torch_note):
+    def f(x, spec, width):
+        return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
+
+    print(f"# {op}, {np_} ranks, float32; median over {rounds} alternating "
+          f"rounds; busbw and memcpy in GB/s" +
+          (f"; torch: {torch_note}" if torch_note else ""))
+    print(f"{'bytes':>11} {'ronde':>8} {'ronde-gloo':>10} {'torch':>8} "
+          f"{'memcpy':>8} {'ratio':>6} {'vs_gloo':>7} {'of_mcpy':>7} "
+          f"{'time_us':>9} {'spread_r':>8} {'spread_t':>8} {'check_cost':>10}"
+          + (f" {'baseline':>8} {'vs_base':>7}" if baseline else ""))
+    for x in rows:
+        line = (f"{x['bytes']:>11} {f(x['ronde_busbw_GBs'], '.3f', 8)} "
+                f"{f(x['ronde_gloo_busbw_GBs'], '.3f', 10)} "
+                f"{f(x['torch_busbw_GBs'], '.3f', 8)} "
+                f"{f(x['memcpy_GBs'], '.2f', 8)} {f(x['ratio'], '.2f', 6)} "
+                f"{f(x['vs_gloo'], '.2f', 7)} {f(x['of_memcpy'], '.2%', 7)} "
+                f"{x['ronde_time_us']:>9.1f} {f(x['spread_ronde'], '.0%', 8)} "
+                f"{f(x['spread_torch'], '.0%', 8)} {x['check_cost']:>10.0%}")
+        if baseline:
+            line += (f" {f(x['baseline_busbw_GBs'], '.3f', 8)} "
+                     f"{f(x['vs_baseline'], '.2f', 7)}")
+        print(line)
+    sys.stdout.flush()
+
+
+def plot(path, groups, memcpy_rows):
+    """busbw against size for allreduce, one panel per rank count."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = [g for g in groups if g["op"] == "allreduce"]
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 5),
+                             squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        rows = g["summary"]
+        sizes = [x["bytes"] for x in rows]
+        for key, label, style in (
+                ("ronde", "ronde (shared memory)", "o-C0"),
+                ("ronde_gloo", "ronde, RONDE_SHM=0 (Gloo TCP)", "s-C2"),
+                ("torch", "torch.distributed (gloo)", "^-C1"),
+                ("baseline", "ronde, baseline build", "x:C7")):
+            med = [x.get(key + "_busbw_GBs") for x in rows]
+            if all(v is not None for v in med):
+                ax.plot(sizes, med, style, label=label)
+        ax.plot(sizes, [x["GBs"] for x in memcpy_rows][:len(sizes)], "--k",
+                lw=1, label="memcpy, one thread (GB/s)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        step = max(1, (len(sizes) + 8) // 9)
+        ax.set_xticks(sizes[::step], [size_label(s) for s in sizes[::step]])
+        ax.minorticks_off()
+        ax.set_xlabel("message size (bytes, log2 scale)")
+        ax.set_ylabel("busbw (GB/s), log scale")
+        ax.set_title(f"all-reduce, float32 sum, {g['ranks']} ranks")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+EXPECTED_BACKEND = {"ronde": "shm", "ronde-gloo": "gloo"}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--bench",
+                   help="allreduce_bench to run (default: BUILD/bin/"
+                        "allreduce_bench); ronderun still comes from BUILD")
+    p.add_argument("--np", default="2",
+                   help="rank counts, comma-separated (e.g. 2,4)")
+    p.add_argument("--ops", default="allreduce",
+                   help="collectives, comma-separated, of " + ",".join(OPS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("-b", default="4K")
     p.add_argument("-e", default="256M")
     p.add_argument("-f", default="2")
     p.add_argument("--baseline-build",
                    help="also run ronde from this build, in every round")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw allreduce busbw against size, one panel per "
+                        "rank count")
     p.add_argument("--out")
     a = p.parse_args()
+    try:
+        nps = [int(x) for x in comma_list(a.np)]
+    except ValueError:
+        p.error(f"--np: not a comma-separated list of integers: {a.np}")
+    if not nps or min(nps) < 1:
+        p.error(f"--np: rank counts must be at least 1: {a.np}")
+    ops = comma_list(a.ops)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        p.error(f"--ops: unknown {', '.join(unknown) or '(empty)'}; choose "
+                f"from {', '.join(OPS)}")
+    if a.plot:
+        if "allreduce" not in ops:
+            p.error("--plot draws allreduce: add it to --ops")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error(f"--plot needs matplotlib: {sys.executable} -m pip "
+                    "install matplotlib")
     ronderun = os.path.join(a.build, "bin", "ronderun")
-    bench = os.path.join(a.build, "bin", "allreduce_bench")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    bench = a.bench or os.path.join(a.build, "bin", "allreduce_bench")
+    base_env = dict(os.environ, OMP_NUM_THREADS="1")
+    base_env.pop("RONDE_SHM", None)  # ronde: the default, shared memory
+    envs = {"ronde": base_env, "ronde-gloo": dict(base_env, RONDE_SHM="0"),
+            "torch": base_env, "baseline": base_env}
     sweep = ["-b", a.b, "-e", a.e, "-f", a.f]
-    impls = ["ronde", "torch"] + (["baseline"] if a.baseline_build else [])
-    rounds = {impl: [] for impl in impls}
+    impls = ["ronde", "ronde-gloo", "torch"] + (
+        ["baseline"] if a.baseline_build else [])
+    groups = [(np_, op) for np_ in nps for op in ops]
+    raw = {g: {impl: [] for impl in impls} for g in groups}
+    memcpy_raw = []
     torch_bench = [sys.executable,
                    os.path.join(ROOT, "benchmarks", "torch_allreduce_bench.py")]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            for impl in impls:
-                out = os.path.join(tmp, f"{impl}{r}.json")
-                launcher, prog = ronderun, [bench]
-                if impl == "torch":
-                    prog = torch_bench
-                elif impl == "baseline":
-                    launcher = os.path.join(a.baseline_build, "bin", "ronderun")
-                    prog = [os.path.join(a.baseline_build, "bin",
-                                         "allreduce_bench")]
-                print(f"round {r + 1}/{a.rounds}: {impl}", file=sys.stderr)
-                run([launcher, "-np", str(a.np), "--"] + prog + sweep +
-                    ["--json", out], env)
-                with open(out) as f:
-                    rounds[impl].append(json.load(f))
-    sizes = [row["bytes"] for row in rounds["ronde"][0]["results"]]
+            out = os.path.join(tmp, f"memcpy{r}.json")
+            print(f"round {r + 1}/{a.rounds}: memcpy", file=sys.stderr)
+            run([bench, "--memcpy"] + sweep + ["--json", out], base_env)
+            with open(out) as f:
+                memcpy_raw.append(json.load(f))
+            for np_, op in groups:
+                # allreduce is the default: a baseline without --op runs it.
+                op_args = [] if op == "allreduce" else ["--op", op]
+                for impl in impls:
+                    out = os.path.join(tmp, f"{impl}-{np_}-{op}-{r}.json")
+                    launcher, prog = ronderun, [bench]
+                    if impl == "torch":
+                        prog = torch_bench
+                    elif impl == "baseline":
+                        launcher = os.path.join(a.baseline_build, "bin",
+                                                "ronderun")
+                        prog = [os.path.join(a.baseline_build, "bin",
+                                             "allreduce_bench")]
+                    print(f"round {r + 1}/{a.rounds}: {np_} ranks, {op}, "
+                          f"{impl}", file=sys.stderr)
+                    run([launcher, "-np", str(np_), "--"] + prog + sweep +
+                        op_args + ["--json", out], envs[impl])
+                    with open(out) as f:
+                        result = json.load(f)
+                    # A ronde line that silently ran on another backend
+                    # (shared memory unavailable) would mislabel the figure.
+                    want = EXPECTED_BACKEND.get(impl)
+                    got = result.get("backend")
+                    if want and got and got != want:
+                        sys.exit(f"{impl} ran over {got}, not {want}: see "
+                                 "its warning line above")
+                    raw[(np_, op)][impl].append(result)
 
-    def per_size(impl, key):
-        return [statistics.median(run["results"][i][key] for run in rounds[impl])
-                for i in range(len(sizes))]
-
-    def spread(impl, i):
-        vals = [run["results"][i]["busbw_GBs"] for run in rounds[impl]]
-        return (max(vals) - min(vals)) / statistics.median(vals)
-
-    rb, tb = per_size("ronde", "busbw_GBs"), per_size("torch", "busbw_GBs")
-    rt, nc = per_size("ronde", "time_us"), per_size("ronde", "nocheck_time_us")
-    bb = per_size("baseline", "busbw_GBs") if a.baseline_build else None
-    print(f"# all-reduce, {a.np} ranks, float32 sum; median over {a.rounds} "
-          f"alternating rounds; busbw in GB/s")
-    print(f"{'bytes':>11} {'ronde':>8} {'torch':>8} {'ratio':>6} "
-          f"{'spread_r':>8} {'spread_t':>8} {'check_cost':>10}" +
-          (f" {'baseline':>8} {'vs_base':>7}" if bb else ""))
-    rows = []
-    for i, size in enumerate(sizes):
-        ratio = rb[i] / tb[i]
-        cost = (rt[i] - nc[i]) / nc[i]
-        line = (f"{size:>11} {rb[i]:>8.3f} {tb[i]:>8.3f} {ratio:>6.2f} "
-                f"{spread('ronde', i):>8.0%} {spread('torch', i):>8.0%} "
-                f"{cost:>10.0%}")
-        row = {"bytes": size, "ronde_busbw_GBs": rb[i],
-               "torch_busbw_GBs": tb[i], "ratio": ratio,
-               "ronde_time_us": rt[i], "ronde_nocheck_time_us": nc[i]}
-        if bb:
-            line += f" {bb[i]:>8.3f} {rb[i] / bb[i]:>7.2f}"
-            row.update(baseline_busbw_GBs=bb[i], vs_baseline=rb[i] / bb[i])
-        print(line)
-        rows.append(row)
+    memcpy_sizes = [row["bytes"] for row in memcpy_raw[0]["results"]]
+    memcpy_rows = [
+        {"bytes": size, "GBs": statistics.median(
+            run["results"][i]["busbw_GBs"] for run in memcpy_raw)}
+        for i, size in enumerate(memcpy_sizes)]
+    out_groups = []
+    for np_, op in groups:
+        runs = raw[(np_, op)]
+        torch_note = runs["torch"][0].get("unsupported")
+        rows = summarize(runs, memcpy_raw, impls)
+        print_table(np_, op, a.rounds, rows, bool(a.baseline_build),
+                    torch_note and "unsupported, " + torch_note)
+        group = {"ranks": np_, "op": op, "summary": rows, "raw": runs}
+        if torch_note:
+            group["torch_unsupported"] = torch_note
+        out_groups.append(group)
     out = a.out or os.path.join(
         ROOT, "benchmarks", "results",
         f"allreduce-{datetime.date.today().isoformat()}.json")
+    first = out_groups[0]
     with open(out, "w") as f:
-        json.dump({"benchmark": "allreduce", "ranks": a.np, "rounds": a.rounds,
-                   "summary": rows, "raw": rounds}, f, indent=1)
+        # The first group's summary and raw runs at the top level too, as
+        # before rank counts and collectives could be several (run_all.py
+        # reads them there).
+        json.dump({"benchmark": "allreduce", "ranks": first["ranks"],
+                   "op": first["op"], "rounds": a.rounds, "nps": nps,
+                   "ops": ops, "impls": impls, "summary": first["summary"],
+                   "raw": first["raw"],
+                   "memcpy": {"summary": memcpy_rows, "raw": memcpy_raw},
+                   "groups": out_groups}, f, indent=1)
     print(f"wrote {out}", file=sys.stderr)
+    if a.plot:
+        plot(a.plot, out_groups, memcpy_rows)
+        print(f"wrote {a.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

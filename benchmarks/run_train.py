@@ -1,7 +1,8 @@
 """Training throughput side by side: local (one process, no communication),
 local2 (two independent processes at once: the fair baseline when two ranks
-share two cores), ronde (DistributedOptimizer, 2 ranks) and PyTorch DDP
-(gloo, 2 ranks), all four alternating over several rounds.
+share two cores), ronde (DistributedOptimizer, 2 ranks, shared memory on
+one host), ronde-gloo (the same over Gloo, RONDE_SHM=0) and PyTorch DDP
+(gloo, 2 ranks), all alternating over several rounds.
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
 
@@ -56,9 +57,10 @@ def main():
         for wl in a.workloads.split(","):
             common = ["--workload", wl, "--steps", str(a.steps), "--warmup", "2"]
 
-            def run(cmd, name):
+            def run(cmd, name, extra_env=None):
                 path = os.path.join(tmp, name + ".json")
-                subprocess.run(cmd + ["--json", path], check=True, env=env,
+                subprocess.run(cmd + ["--json", path], check=True,
+                               env=dict(env, **(extra_env or {})),
                                stdout=subprocess.DEVNULL)
                 return load(path)
 
@@ -78,7 +80,10 @@ def main():
             wires = [c for c in a.compression.split(",") if c] if wl == "mlp" else []
             # The baselines run every round too, so every mode's spread over
             # rounds is known and no mode sees a quieter machine than another.
-            impls = ["local", "local2", "ronde", "ddp"] + [f"ronde_{c}" for c in wires]
+            # ronde-gloo: the same ronde job over Gloo's TCP loopback
+            # (RONDE_SHM=0) instead of shared memory.
+            impls = (["local", "local2", "ronde", "ronde-gloo", "ddp"] +
+                     [f"ronde_{c}" for c in wires])
             runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
                 for impl in impls:
@@ -92,6 +97,12 @@ def main():
                         continue
                     if impl == "ddp":
                         prog = ddp
+                    elif impl == "ronde-gloo":
+                        prog = [bench, "--mode", "ronde"]
+                        runs[impl].append(run(
+                            [ronderun, "-np", str(a.np), "--"] + prog + common,
+                            f"{wl}-{impl}-{r}", {"RONDE_SHM": "0"}))
+                        continue
                     else:
                         wire = impl.split("_")[1] if "_" in impl else "none"
                         prog = [bench, "--mode", "ronde", "--compression", wire]
@@ -104,10 +115,11 @@ def main():
                    "local_step_s": local_step, "local2_step_s": local2_step,
                    "local_steps_s": [x["step_s"] for x in runs["local"]],
                    "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
-            for impl in ("ronde", "ddp"):
+            for impl in ("ronde", "ronde-gloo", "ddp"):
+                key = impl.replace("-", "_")
                 steps = [x["step_s"] for x in runs[impl]]
-                row[f"{impl}_step_s"] = statistics.median(steps)
-                row[f"{impl}_steps_s"] = steps
+                row[f"{key}_step_s"] = statistics.median(steps)
+                row[f"{key}_steps_s"] = steps
             row["ronde_wait_s"] = statistics.median(x["wait_s"] for x in runs["ronde"])
             row["compression"] = {}
             for c in wires:
@@ -122,6 +134,8 @@ def main():
             ratios = [r_["step_s"] / d["step_s"] for r_, d in zip(runs["ronde"], runs["ddp"])]
             row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
             row["ronde_over_ddp_per_round"] = ratios
+            row["ronde_gloo_over_ddp"] = (row["ronde_gloo_step_s"] /
+                                          row["ddp_step_s"])
             for impl in ("ronde", "ddp"):
                 # Scaling efficiency: throughput of N ranks over N x one
                 # process alone (local), and over N independent processes
@@ -145,9 +159,13 @@ def main():
                   f"{row[impl + '_samples_s']:>9.1f} {row[impl + '_eff_local']:>9.0%} "
                   f"{row[impl + '_eff_local2']:>10.0%}")
         rr = row["ronde_over_ddp_per_round"]
+        print(f"{row['workload']:>8} {'r-gloo':>6} "
+              f"{row['ronde_gloo_step_s'] * 1e3:>8.1f}")
         print(f"{row['workload']:>8} ronde/ddp step time {row['ronde_over_ddp']:.3f} "
               f"(per round {min(rr):.3f}..{max(rr):.3f}); ronde waits "
-              f"{row['ronde_wait_s'] * 1e3:.1f} ms per step on communication")
+              f"{row['ronde_wait_s'] * 1e3:.1f} ms per step on communication; "
+              f"over Gloo (RONDE_SHM=0) ronde/ddp "
+              f"{row['ronde_gloo_over_ddp']:.3f}")
         for c, info in row["compression"].items():
             ratios = info["step_over_uncompressed"]
             print(f"{row['workload']:>8} ronde {c} on the wire: "

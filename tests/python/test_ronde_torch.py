@@ -86,6 +86,8 @@ def test_collectives_and_async_handles(ranks):
     for r in range(2):
         res = ranks.load("collectives", r)
         assert (res["rank"], res["size"], res["local_rank"]) == (r, 2, r)
+        # Two ranks of one host: shared memory.
+        assert res["host_backend"] == "shm"
         torch.testing.assert_close(res["allreduce"], torch.full((3,), 1.5))
         torch.testing.assert_close(res["allreduce_sum"], torch.full((3,), 3.0))
         torch.testing.assert_close(res["allreduce_max"], torch.full((3,), 2.0))

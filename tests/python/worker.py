@@ -76,7 +76,8 @@ def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
 
 def collectives(out):
     r, n = rt.rank(), rt.size()
-    res = {"rank": r, "size": n, "local_rank": rt.local_rank()}
+    res = {"rank": r, "size": n, "local_rank": rt.local_rank(),
+           "host_backend": rt.host_backend()}
     t = torch.full((3,), float(r + 1))
     res["allreduce"] = rt.allreduce(t)
     res["allreduce_sum"] = rt.allreduce(t, op=rt.Sum)

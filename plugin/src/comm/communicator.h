@@ -143,8 +143,8 @@ struct GlooModuleConfig {
 struct ShmConfig {
   bool enabled = true;
   std::string dir = "/dev/shm";
-  size_t chunk_bytes = size_t{1} << 20;
-  size_t split_bytes = size_t{256} << 10;
+  size_t chunk_bytes = size_t{256} << 10;
+  size_t split_bytes = size_t{1} << 20;
 };
 
 // What the runtime knows when it connects a job.

@@ -47,10 +47,10 @@ struct Settings {
   // RONDE_SHM_DIR: where shared-memory segments are made (a tmpfs).
   std::string shm_dir = "/dev/shm";
   // RONDE_SHM_CHUNK_BYTES: bytes a shared-memory step moves per rank.
-  size_t shm_chunk_bytes = size_t{1} << 20;
+  size_t shm_chunk_bytes = size_t{256} << 10;
   // RONDE_SHM_SPLIT_BYTES: all-reduces from this size reduce-scatter and
   // all-gather in memory.
-  size_t shm_split_bytes = size_t{256} << 10;
+  size_t shm_split_bytes = size_t{1} << 20;
 };
 
 // Parses every variable that `env` holds; throws c10::Error naming the

@@ -164,6 +164,12 @@ std::string create_segment(
       mib(bytes * static_cast<size_t>(o.size)) + " for the job";
   bool named = false;
   int fd = ::open(o.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  // Linking it later goes through /proc/self/fd: without procfs, the
+  // exclusive create below.
+  if (fd >= 0 && ::access("/proc/self/fd", F_OK) != 0) {
+    ::close(fd);
+    fd = -1;
+  }
   if (fd < 0) {
     // No O_TMPFILE there: an exclusive create, locked at once.
     fd = ::open(

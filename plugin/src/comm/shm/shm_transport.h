@@ -26,14 +26,14 @@ struct Options {
   std::string dir = "/dev/shm";
   // Bytes of one area: a step moves at most this much per rank. Rounded
   // down to a multiple of 64; at least 4096.
-  size_t chunk_bytes = size_t{1} << 20;
+  size_t chunk_bytes = size_t{256} << 10;
   // All-reduces of at least this many bytes reduce-scatter and then
   // all-gather in memory; smaller ones are reduced whole by every rank.
-  size_t split_bytes = size_t{256} << 10;
+  size_t split_bytes = size_t{1} << 20;
   // A wait that makes no progress for this long fails.
   std::chrono::milliseconds timeout{30000};
   // How long a wait spins before it sleeps.
-  std::chrono::microseconds spin{50};
+  std::chrono::microseconds spin{200};
 };
 
 // The job's store, as far as the transport needs it. Keys are this
