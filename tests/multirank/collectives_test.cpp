@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <tuple>
 #include <thread>
+#include <tuple>
 
 using ronde::testing::JobResult;
 using ronde::testing::JobSpec;
@@ -62,16 +62,14 @@ struct Backend {
   std::string host_backend;
 };
 
-const Backend kShm{
-    "shm", {{"RONDE_SHM_CHUNK_BYTES", "4096"}}, "shm"};
+const Backend kShm{"shm", {{"RONDE_SHM_CHUNK_BYTES", "4096"}}, "shm"};
 const Backend kShmSplit{
     "shm_split",
     {{"RONDE_SHM_CHUNK_BYTES", "4096"}, {"RONDE_SHM_SPLIT_BYTES", "0"}},
     "shm"};
 const Backend kGloo{"gloo", {{"RONDE_SHM", "0"}}, "gloo"};
 
-class Collectives
-    : public ::testing::TestWithParam<std::tuple<Backend, int>> {
+class Collectives : public ::testing::TestWithParam<std::tuple<Backend, int>> {
  protected:
   JobSpec job(const std::string& scenario) {
     JobSpec s = spec(scenario, std::get<1>(GetParam()));
@@ -96,8 +94,7 @@ TEST_P(Collectives, MatchLocalReference) {
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
   for (const auto& rank : r.ranks) {
     EXPECT_TRUE(contains(
-        rank.output,
-        "HOST_BACKEND: " + std::get<0>(GetParam()).host_backend))
+        rank.output, "HOST_BACKEND: " + std::get<0>(GetParam()).host_backend))
         << r.dump();
   }
 }
@@ -176,11 +173,10 @@ INSTANTIATE_TEST_SUITE_P(
     Backends,
     Collectives,
     ::testing::Combine(
-        ::testing::Values(kShm, kShmSplit, kGloo),
-        ::testing::Values(2, 3, 4)),
+        ::testing::Values(kShm, kShmSplit, kGloo), ::testing::Values(2, 3, 4)),
     [](const auto& info) {
       return std::get<0>(info.param).name + "_" +
-          std::to_string(std::get<1>(info.param));
+             std::to_string(std::get<1>(info.param));
     });
 
 // A job whose shared memory cannot be set up runs over Gloo, and rank 0
@@ -193,10 +189,32 @@ TEST(SharedMemory, UnusableDirectoryFallsBackToGlooWithOneWarning) {
   for (const auto& rank : r.ranks) {
     EXPECT_TRUE(contains(rank.output, "HOST_BACKEND: gloo")) << r.dump();
     const bool warned = contains(
-        rank.output, "warning: shared memory is unavailable (rank 0: cannot "
-                     "create /nonexistent/ronde/ronde-");
+        rank.output,
+        "warning: shared memory is unavailable (rank 0: cannot "
+        "create /nonexistent/ronde/ronde-");
     EXPECT_EQ(warned, rank.rank == 0) << r.dump();
   }
+}
+
+// Two jobs at once on one host, in one directory: each maps only its own
+// segments (a random part per job names them) and both compute right.
+TEST(SharedMemory, TwoJobsOnOneHostKeepApart) {
+  ShmDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  JobSpec a = spec("collectives", 2);
+  JobSpec b = spec("collectives", 3);
+  a.env["RONDE_SHM_DIR"] = b.env["RONDE_SHM_DIR"] = dir.path;
+  RunningJob first(a);
+  RunningJob second(b);
+  JobResult ra = first.wait();
+  JobResult rb = second.wait();
+  EXPECT_TRUE(ra.all_succeeded()) << ra.dump();
+  EXPECT_TRUE(rb.all_succeeded()) << rb.dump();
+  for (const auto* r : {&ra, &rb}) {
+    for (const auto& rank : r->ranks)
+      EXPECT_TRUE(contains(rank.output, "HOST_BACKEND: shm")) << r->dump();
+  }
+  EXPECT_TRUE(entries(dir.path).empty());
 }
 
 // A segment left behind by a job killed during init() (no live owner) is
@@ -204,7 +222,10 @@ TEST(SharedMemory, UnusableDirectoryFallsBackToGlooWithOneWarning) {
 TEST(SharedMemory, NextJobRemovesSegmentsOfDeadJobs) {
   ShmDir dir;
   ASSERT_FALSE(dir.path.empty());
-  { std::ofstream(dir.path + "/ronde-0123456789abcdef0123456789abcdef-1") << "x"; }
+  {
+    std::ofstream(dir.path + "/ronde-0123456789abcdef0123456789abcdef-1")
+        << "x";
+  }
   JobSpec s = spec("collectives", 2);
   s.env["RONDE_SHM_DIR"] = dir.path;
   JobResult r = run_job(s);

@@ -4,9 +4,9 @@
 // LibTorch's wheel exports. This file loads the module, checks where its Gloo
 // came from, and adapts tensors and the c10d store to its C interface.
 #include "comm/communicator.h"
-#include "comm/host_types.h"
 #include "comm/gloo_module/error_buffer.h"
 #include "comm/gloo_module/gloo_module_api.h"
+#include "comm/host_types.h"
 #include "runtime/error_text.h"
 
 #include <ATen/ATen.h>

@@ -82,7 +82,9 @@ class ShmCommunicator final : public Communicator {
 
   void broadcast(const at::Tensor& tensor, int root) override {
     at::Tensor h = host(tensor);
-    run([&](shm::Transport& t) { t.broadcast(h.data_ptr(), h.nbytes(), root); });
+    run([&](shm::Transport& t) {
+      t.broadcast(h.data_ptr(), h.nbytes(), root);
+    });
     copy_back(tensor, h);
   }
 

@@ -71,7 +71,10 @@ struct Segment {
 
   Segment() = default;
   Segment(Segment&& o) noexcept
-      : fd(o.fd), base(o.base), bytes(o.bytes), path(std::move(o.path)),
+      : fd(o.fd),
+        base(o.base),
+        bytes(o.bytes),
+        path(std::move(o.path)),
         pid(o.pid) {
     o.fd = -1;
     o.base = nullptr;
@@ -134,8 +137,7 @@ std::string random_nonce() {
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      throw std::runtime_error(
-          "ronde: getrandom failed: " + errno_text(errno));
+      throw std::runtime_error("ronde: getrandom failed: " + errno_text(errno));
     }
     got += static_cast<size_t>(n);
   }
@@ -161,7 +163,8 @@ std::string create_segment(
   const size_t bytes = segment_bytes(o.chunk_bytes);
   const std::string path = o.dir + "/" + segment_name(nonce, o.rank);
   const std::string need = mib(bytes) + " per rank, " +
-      mib(bytes * static_cast<size_t>(o.size)) + " for the job";
+                           mib(bytes * static_cast<size_t>(o.size)) +
+                           " for the job";
   bool named = false;
   int fd = ::open(o.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   // Linking it later goes through /proc/self/fd: without procfs, the
@@ -173,9 +176,7 @@ std::string create_segment(
   if (fd < 0) {
     // No O_TMPFILE there: an exclusive create, locked at once.
     fd = ::open(
-        path.c_str(),
-        O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC,
-        0600);
+        path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
       return "cannot create " + path + ": " + errno_text(errno);
     named = true;
@@ -199,12 +200,16 @@ std::string create_segment(
   c->size = o.size;
   c->pid = static_cast<int32_t>(::getpid());
   c->chunk_bytes = o.chunk_bytes;
-  std::memcpy(c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
+  std::memcpy(
+      c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
   seg.pid = c->pid;
   if (!named) {
     const std::string proc = "/proc/self/fd/" + std::to_string(fd);
     if (::linkat(
-            AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(),
+            AT_FDCWD,
+            proc.c_str(),
+            AT_FDCWD,
+            path.c_str(),
             AT_SYMLINK_FOLLOW) != 0) {
       return "cannot name " + path + ": " + errno_text(errno);
     }
@@ -222,14 +227,14 @@ std::string open_segment(
   int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return "cannot open rank " + std::to_string(peer) + "'s segment " + path +
-        ": " + errno_text(errno);
+           ": " + errno_text(errno);
   seg.fd = fd;
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
       static_cast<size_t>(st.st_size) != bytes) {
     return path + " is not a private segment of this user of " +
-        std::to_string(bytes) + " bytes";
+           std::to_string(bytes) + " bytes";
   }
   void* base =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -242,7 +247,7 @@ std::string open_segment(
       c->size != o.size || c->chunk_bytes != o.chunk_bytes ||
       std::strncmp(c->nonce, nonce.c_str(), sizeof(c->nonce)) != 0) {
     return path + " does not hold rank " + std::to_string(peer) +
-        "'s segment of this job";
+           "'s segment of this job";
   }
   seg.pid = c->pid;
   return "";
@@ -266,11 +271,19 @@ std::string agree(
   return first;
 }
 
-long futex(std::atomic<uint32_t>* word, int op, uint32_t val,
-           const timespec* timeout) {
+long futex(
+    std::atomic<uint32_t>* word,
+    int op,
+    uint32_t val,
+    const timespec* timeout) {
   return ::syscall(
-      SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout,
-      nullptr, 0);
+      SYS_futex,
+      reinterpret_cast<uint32_t*>(word),
+      op,
+      val,
+      timeout,
+      nullptr,
+      0);
 }
 
 inline void cpu_relax() {
@@ -324,9 +337,13 @@ int remove_stale_segments(const std::string& dir) {
 std::unique_ptr<Transport> Transport::connect(
     const Options& options, const Rendezvous& rv) {
   Options o = options;
-  o.chunk_bytes = o.chunk_bytes / kLine * kLine;
-  if (o.chunk_bytes < 4096)
-    throw std::invalid_argument("ronde: the shared-memory chunk must be at least 4096 bytes");
+  if (o.chunk_bytes < 4096) {
+    throw std::invalid_argument(
+        "ronde: the shared-memory chunk must be at least 4096 bytes");
+  }
+  // Reduce-scatter and all-to-all give each rank a sub-area of a chunk:
+  // at least four cache lines each, whatever the rank count.
+  o.chunk_bytes = std::max(o.chunk_bytes, 4 * kLine * o.size) / kLine * kLine;
   // Once per process, before its own segments exist: closing a descriptor
   // of a file drops this process's lock on it, so the sweep must never
   // open a segment this process owns.
@@ -341,9 +358,8 @@ std::unique_ptr<Transport> Transport::connect(
     nonce = rv.get("nonce");
   }
   std::vector<Segment> segs(static_cast<size_t>(o.size));
-  std::string problem =
-      agree(rv, "made/", o.rank, o.size,
-            create_segment(o, nonce, segs[o.rank]));
+  std::string problem = agree(
+      rv, "made/", o.rank, o.size, create_segment(o, nonce, segs[o.rank]));
   if (!problem.empty())
     throw Unavailable(problem);
   std::string mine;
@@ -389,7 +405,7 @@ Control& Transport::control(int r) const {
 
 char* Transport::area(int r, int slot, bool out) const {
   return static_cast<char*>(segments_[r].base) + kControlBytes +
-      (static_cast<size_t>(slot) * 2 + (out ? 1 : 0)) * chunk_;
+         (static_cast<size_t>(slot) * 2 + (out ? 1 : 0)) * chunk_;
 }
 
 void Transport::interrupt() {
@@ -410,12 +426,15 @@ void Transport::fail(Failure::Kind kind, int peer, const std::string& msg) {
 void Transport::check_usable() const {
   if (!broken_.empty())
     throw Failure(
-        Failure::Kind::Broken, -1,
+        Failure::Kind::Broken,
+        -1,
         "the shared-memory communicator is unusable after an earlier "
-        "failure: " + broken_);
+        "failure: " +
+            broken_);
   if (interrupted_.load())
     throw Failure(
-        Failure::Kind::Interrupted, -1,
+        Failure::Kind::Interrupted,
+        -1,
         "the shared-memory communicator was interrupted");
 }
 
@@ -478,27 +497,37 @@ void Transport::await(int peer, int counter, uint64_t step) {
       return;
     const uint32_t state = p.state.load(std::memory_order_acquire);
     const std::string who = "rank " + std::to_string(peer) + " (pid " +
-        std::to_string(segments_[peer].pid) + ")";
+                            std::to_string(segments_[peer].pid) + ")";
     if (state == kAborted)
-      fail(Failure::Kind::PeerGone, peer,
-           who + " gave up its shared-memory communicator after a failure");
+      fail(
+          Failure::Kind::PeerGone,
+          peer,
+          who + " gave up its shared-memory communicator after a failure");
     if (state == kClosed)
-      fail(Failure::Kind::PeerGone, peer,
-           who + " left the job (shut down) while this rank waited for it");
+      fail(
+          Failure::Kind::PeerGone,
+          peer,
+          who + " left the job (shut down) while this rank waited for it");
     if (interrupted_.load())
-      fail(Failure::Kind::Interrupted, -1,
-           "interrupted while waiting for " + who);
+      fail(
+          Failure::Kind::Interrupted,
+          -1,
+          "interrupted while waiting for " + who);
     const auto now = Clock::now();
     if (now >= next_check) {
       if (!peer_alive(peer))
-        fail(Failure::Kind::PeerGone, peer,
-             who + " exited while this rank waited for it");
+        fail(
+            Failure::Kind::PeerGone,
+            peer,
+            who + " exited while this rank waited for it");
       next_check = now + std::chrono::milliseconds(100);
     }
     if (now - start >= timeout_)
-      fail(Failure::Kind::Timeout, peer,
-           "timed out after " + std::to_string(timeout_.count()) +
-               " ms waiting for " + who);
+      fail(
+          Failure::Kind::Timeout,
+          peer,
+          "timed out after " + std::to_string(timeout_.count()) +
+              " ms waiting for " + who);
     timespec ts{0, 20 * 1000 * 1000};
     futex(&p.wake, FUTEX_WAIT, w, &ts);
   }
@@ -586,7 +615,8 @@ void Transport::allgatherv(const void* in, void* out, const size_t* bytes) {
       if (len > 0) {
         std::memcpy(
             dst + offset[r] + lo,
-            r == rank_ ? src + lo : area(r, s, false), len);
+            r == rank_ ? src + lo : area(r, s, false),
+            len);
       }
     }
     publish(kConsumed, g);
@@ -656,7 +686,8 @@ void Transport::alltoallv(
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
   std::memcpy(
-      dst + roff[rank_], src + soff[rank_],
+      dst + roff[rank_],
+      src + soff[rank_],
       static_cast<size_t>(send_bytes[rank_]));
   for (uint64_t k = 0; k < steps; ++k) {
     const size_t lo = k * sub;
