@@ -62,6 +62,11 @@ struct Backend {
   std::string host_backend;
 };
 
+// gtest names the parameter in its output by this.
+void PrintTo(const Backend& b, std::ostream* os) {
+  *os << b.name;
+}
+
 const Backend kShm{"shm", {{"RONDE_SHM_CHUNK_BYTES", "4096"}}, "shm"};
 const Backend kShmSplit{
     "shm_split",
