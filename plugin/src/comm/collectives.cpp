@@ -356,12 +356,12 @@ Handle reducescatter_impl(
         const int me = comm.rank();
         const int64_t rows = in.size(0);
         const int64_t row = row_bytes(in) / in.element_size();
+        auto block_rows = [&](int r) { return rows / n + (r < rows % n); };
         std::vector<int64_t> counts(n);
         for (int r = 0; r < n; ++r)
-          counts[r] = (rows / n + (r < rows % n ? 1 : 0)) * row;
-        at::Tensor out = at::empty(
-            shape_with_dim0(in, rows / n + (me < rows % n ? 1 : 0)),
-            in.options());
+          counts[r] = block_rows(r) * row;
+        at::Tensor out =
+            at::empty(shape_with_dim0(in, block_rows(me)), in.options());
         guarded(comm, c, [&] {
           comm.reduce_scatter(in, out, counts, backend_op(o.op()));
         });

@@ -67,15 +67,13 @@ struct Segment {
   void* base = nullptr;
   size_t bytes = 0;
   std::string path;  // set while this process must unlink it
-  int32_t pid = 0;
 
   Segment() = default;
   Segment(Segment&& o) noexcept
       : fd(o.fd),
         base(o.base),
         bytes(o.bytes),
-        path(std::move(o.path)),
-        pid(o.pid) {
+        path(std::move(o.path)) {
     o.fd = -1;
     o.base = nullptr;
     o.path.clear();
@@ -202,7 +200,6 @@ std::string create_segment(
   c->chunk_bytes = o.chunk_bytes;
   std::memcpy(
       c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
-  seg.pid = c->pid;
   if (!named) {
     const std::string proc = "/proc/self/fd/" + std::to_string(fd);
     if (::linkat(
@@ -249,7 +246,6 @@ std::string open_segment(
     return path + " does not hold rank " + std::to_string(peer) +
            "'s segment of this job";
   }
-  seg.pid = c->pid;
   return "";
 }
 
@@ -496,30 +492,33 @@ void Transport::await(int peer, int counter, uint64_t step) {
     if (value.load(std::memory_order_seq_cst) >= step)
       return;
     const uint32_t state = p.state.load(std::memory_order_acquire);
-    const std::string who = "rank " + std::to_string(peer) + " (pid " +
-                            std::to_string(segments_[peer].pid) + ")";
+    // Only a failing wait needs the text.
+    auto who = [&] {
+      return "rank " + std::to_string(peer) + " (pid " +
+          std::to_string(p.pid) + ")";
+    };
     if (state == kAborted)
       fail(
           Failure::Kind::PeerGone,
           peer,
-          who + " gave up its shared-memory communicator after a failure");
+          who() + " gave up its shared-memory communicator after a failure");
     if (state == kClosed)
       fail(
           Failure::Kind::PeerGone,
           peer,
-          who + " left the job (shut down) while this rank waited for it");
+          who() + " left the job (shut down) while this rank waited for it");
     if (interrupted_.load())
       fail(
           Failure::Kind::Interrupted,
           -1,
-          "interrupted while waiting for " + who);
+          "interrupted while waiting for " + who());
     const auto now = Clock::now();
     if (now >= next_check) {
       if (!peer_alive(peer))
         fail(
             Failure::Kind::PeerGone,
             peer,
-            who + " exited while this rank waited for it");
+            who() + " exited while this rank waited for it");
       next_check = now + std::chrono::milliseconds(100);
     }
     if (now - start >= timeout_)
@@ -527,7 +526,7 @@ void Transport::await(int peer, int counter, uint64_t step) {
           Failure::Kind::Timeout,
           peer,
           "timed out after " + std::to_string(timeout_.count()) +
-              " ms waiting for " + who);
+              " ms waiting for " + who());
     timespec ts{0, 20 * 1000 * 1000};
     futex(&p.wake, FUTEX_WAIT, w, &ts);
   }
