@@ -13,6 +13,7 @@
 #include "runtime/rendezvous.h"
 #include "runtime/settings.h"
 #include "runtime/stall_inspector.h"
+#include "runtime/topology.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -82,14 +83,37 @@ std::unique_ptr<World> connect(
   if (info.size > 1) {
     rt.store = join_store(info, settings, rt.timeout);
     config.store = rt.store;
+    PeerInfo mine;
+    mine.host = host_identity();
+    mine.address = advertised_address(options.hostname(), settings, info);
+    mine.local_rank = info.local_rank;
+    mine.local_size = info.local_size;
+    mine.cross_rank = info.cross_rank;
+    mine.cross_size = info.cross_size;
+    mine.launcher = info.source;
+    std::vector<PeerInfo> peers;
     try {
-      config.hosts = exchange_host_identities(*rt.store, info, rt.timeout);
+      peers = exchange_peers(*rt.store, info, mine, rt.timeout);
     } catch (const std::exception& e) {
-      throw rendezvous_error(
-          info, "exchanging host identities: " + error_text(e));
+      throw rendezvous_error(info, "exchanging host facts: " + error_text(e));
     }
-    config.hostname =
-        advertised_address(options.hostname(), settings, info);
+    check_reachable(peers, info);
+    for (const auto& p : peers)
+      config.hosts.push_back(p.host);
+    config.hostname = mine.address.address;
+    // Where this rank sits is what the host identities show; a launcher
+    // that said otherwise is told once.
+    const Topology topology = derive_topology(config.hosts, info.rank);
+    if (info.rank == 0) {
+      std::string disagreement = topology_disagreement(peers);
+      if (!disagreement.empty())
+        std::cerr << "ronde: warning: " << disagreement << std::endl;
+    }
+    rt.info.local_rank = topology.local_rank;
+    rt.info.local_size = topology.local_size;
+    rt.info.cross_rank = topology.cross_rank;
+    rt.info.cross_size = topology.cross_size;
+    config.hierarchical = settings.hierarchical;
     config.host_algorithm = !options.gloo_algorithm().empty()
         ? options.gloo_algorithm()
         : !settings.gloo_algorithm.empty() ? settings.gloo_algorithm

@@ -1,9 +1,14 @@
-// ronderun: starts N local ranks of a training command with the RONDE_*
-// rendezvous environment, tags their output by rank, and takes the whole job
-// down as soon as one rank fails so that no rank is left waiting forever.
+// ronderun: starts the ranks of a training command with the RONDE_*
+// rendezvous environment (N local ranks, or several hosts' ranks through a
+// remote-command template such as ssh), tags their output by rank, and takes
+// the whole job down as soon as one rank fails so that no rank is left
+// waiting forever.
+
+#include "runtime/net_address.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,12 +21,14 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -50,24 +57,44 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr const char* kDefaultHost = "127.0.0.1";
 constexpr const char* kGraceEnv = "RONDE_KILL_GRACE_SECONDS";
 
+constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
+
 constexpr const char kUsage[] =
     "usage: ronderun -np N [options] [--] CMD [ARGS...]\n"
+    "       ronderun -H HOST:SLOTS[,HOST:SLOTS...] [options] [--] CMD...\n"
     "\n"
-    "Starts N ranks of CMD on this host with the RONDE_* environment set.\n"
+    "Starts N ranks of CMD on this host, or the ranks of several hosts, with\n"
+    "the RONDE_* environment set.\n"
     "\n"
     "options:\n"
-    "  -np N, -n N, --np N  number of ranks to start (required, >= 1)\n"
+    "  -np N, -n N, --np N  number of ranks to start (>= 1; with -H, at most\n"
+    "                       the slots given, filled host by host; default:\n"
+    "                       all of them)\n"
+    "  -H, --hosts LIST     hosts and their slots: host0:2,host1:2\n"
+    "  --hostfile FILE      one host per line: 'host slots=N' or 'host:N'\n"
+    "                       ('#' starts a comment)\n"
+    "  --rsh TEMPLATE       how a host's rank is started (default:\n"
+    "                       'ssh -o BatchMode=yes {host}'); {host} is replaced\n"
+    "                       and one shell command line is appended, so a\n"
+    "                       local template ends with 'sh -c'\n"
+    "  -x NAME[=VALUE]      also pass NAME to remote ranks (RONDE_*, GLOO_*,\n"
+    "                       NCCL_*, OMP_*, PATH, LD_LIBRARY_PATH and\n"
+    "                       PYTHONPATH always are)\n"
     "  --timeout S          export RONDE_TIMEOUT_SECONDS=S (seconds, >= 1)\n"
     "  --job-id ID          job id shared by all ranks (default: random)\n"
     "  --port P             rendezvous port (default: a free local port)\n"
-    "  --host H             rendezvous address (default: 127.0.0.1)\n"
+    "  --host H             rendezvous address (default: 127.0.0.1; with -H,\n"
+    "                       the first host's address as this host resolves\n"
+    "                       it, or, when that is this host's loopback, this\n"
+    "                       host's address on the route to the next host)\n"
     "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
     "  --verbose            print the job id, port and command to stderr\n"
     "  -h, --help           print this help and exit\n"
     "\n"
     "When a rank fails, the others get SIGTERM and, after\n"
     "RONDE_KILL_GRACE_SECONDS (default 5), SIGKILL; ronderun then exits with\n"
-    "the first failing rank's code (128 + signal if it was killed).\n";
+    "the first failing rank's code (128 + signal if it was killed). A remote\n"
+    "rank is the template's process (ssh): ending it ends the connection.\n";
 
 // Signals that ronderun forwards to the ranks. A signal that was ignored
 // when ronderun started (nohup, `cmd &` in a script) stays ignored.
@@ -75,8 +102,17 @@ constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
 constexpr int kNumForwardedSignals =
     sizeof(kForwardedSignals) / sizeof(kForwardedSignals[0]);
 
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+};
+
 struct Options {
   int num_ranks = 0;
+  std::vector<HostSlots> hosts;  // empty: every rank on this host
+  std::string rsh = kDefaultRsh;
+  std::vector<std::string> exports;  // -x
+  bool host_given = false;
   std::optional<long> timeout_seconds;
   std::string job_id;
   int port = 0;
@@ -107,6 +143,92 @@ bool parse_int(const std::string& text, long min, long max, long& value) {
   return true;
 }
 
+// "host0:2,host1" -> hosts with slots (1 when not given).
+std::string parse_host_list(
+    const std::string& text, const std::string& what, Options& options) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) {
+      comma = text.size();
+    }
+    std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty()) {
+      continue;
+    }
+    HostSlots h;
+    // The slot count follows the last colon, unless the host is an IPv6
+    // address in brackets: [fd00::1]:2.
+    size_t colon = item.rfind(':');
+    size_t bracket = item.rfind(']');
+    if (colon != std::string::npos &&
+        (bracket == std::string::npos || colon > bracket)) {
+      long slots = 0;
+      if (!parse_int(item.substr(colon + 1), 1, 1000000, slots)) {
+        return what + ": '" + item + "' needs a positive slot count after ':'";
+      }
+      h.slots = static_cast<int>(slots);
+      item = item.substr(0, colon);
+    }
+    if (item.size() > 2 && item.front() == '[' && item.back() == ']') {
+      item = item.substr(1, item.size() - 2);
+    }
+    if (item.empty()) {
+      return what + ": a host name is empty";
+    }
+    h.host = item;
+    options.hosts.push_back(h);
+  }
+  return "";
+}
+
+std::string read_hostfile(const std::string& path, Options& options) {
+  std::ifstream in(path);
+  if (!in) {
+    return "--hostfile: cannot read '" + path + "'";
+  }
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    std::vector<std::string> words;
+    size_t i = 0;
+    while (i < line.size()) {
+      while (i < line.size() && isspace(static_cast<unsigned char>(line[i]))) {
+        ++i;
+      }
+      size_t j = i;
+      while (j < line.size() && !isspace(static_cast<unsigned char>(line[j]))) {
+        ++j;
+      }
+      if (j > i) {
+        words.push_back(line.substr(i, j - i));
+      }
+      i = j;
+    }
+    if (words.empty()) {
+      continue;
+    }
+    const std::string where = path + ":" + std::to_string(number);
+    std::string spec = words[0];
+    if (words.size() == 2 && words[1].rfind("slots=", 0) == 0) {
+      spec += ":" + words[1].substr(6);
+    } else if (words.size() != 1) {
+      return where + ": expected 'host slots=N' or 'host:N'";
+    }
+    std::string error = parse_host_list(spec, where, options);
+    if (!error.empty()) {
+      return error;
+    }
+  }
+  if (options.hosts.empty()) {
+    return "--hostfile: '" + path + "' names no host";
+  }
+  return "";
+}
+
 // Returns an error message, or an empty string when the arguments are valid.
 std::string parse_args(int argc, char** argv, Options& options) {
   bool have_np = false;
@@ -134,7 +256,10 @@ std::string parse_args(int argc, char** argv, Options& options) {
     }
     const bool takes_value = arg == "-np" || arg == "-n" || arg == "--np" ||
                              arg == "--timeout" || arg == "--job-id" ||
-                             arg == "--port" || arg == "--host";
+                             arg == "--port" || arg == "--host" ||
+                             arg == "-H" || arg == "--hosts" ||
+                             arg == "--hostfile" || arg == "--rsh" ||
+                             arg == "-x";
     if (!takes_value) {
       return "unknown option '" + arg + "'";
     }
@@ -165,15 +290,50 @@ std::string parse_args(int argc, char** argv, Options& options) {
         return "--job-id must not be empty";
       }
       options.job_id = value;
+    } else if (arg == "-H" || arg == "--hosts") {
+      std::string error = parse_host_list(value, arg, options);
+      if (!error.empty()) {
+        return error;
+      }
+      if (options.hosts.empty()) {
+        return arg + " names no host";
+      }
+    } else if (arg == "--hostfile") {
+      std::string error = read_hostfile(value, options);
+      if (!error.empty()) {
+        return error;
+      }
+    } else if (arg == "--rsh") {
+      if (value.find_first_not_of(" \t") == std::string::npos) {
+        return "--rsh must not be empty";
+      }
+      options.rsh = value;
+    } else if (arg == "-x") {
+      if (value.empty() || value[0] == '=') {
+        return "-x expects NAME or NAME=VALUE, got '" + value + "'";
+      }
+      options.exports.push_back(value);
     } else {
       if (value.empty()) {
         return "--host must not be empty";
       }
       options.host = value;
+      options.host_given = true;
     }
   }
-  if (!have_np) {
-    return "missing -np N (the number of ranks)";
+  int slots = 0;
+  for (const HostSlots& h : options.hosts) {
+    slots += h.slots;
+  }
+  if (!options.hosts.empty()) {
+    if (!have_np) {
+      options.num_ranks = slots;
+    } else if (options.num_ranks > slots) {
+      return "-np " + std::to_string(options.num_ranks) + " asks for more " +
+             "ranks than the hosts have slots (" + std::to_string(slots) + ")";
+    }
+  } else if (!have_np) {
+    return "missing -np N (the number of ranks) or -H HOST:SLOTS,...";
   }
   if (i >= argc) {
     return "no command given";
@@ -296,12 +456,84 @@ struct OutputStream {
 
 struct Rank {
   int index = 0;
+  // What to exec: the command itself, or the remote-command template's
+  // words and the shell command line that starts the rank on its host.
+  std::vector<std::string> argv;
   pid_t pid = -1;  // also the process group id
   bool running = false;
   std::string prefix;
   OutputStream out;
   OutputStream err;
 };
+
+// Hosts started without the remote-command template.
+bool is_local_host(const std::string& host) {
+  return host == "localhost" || is_loopback_address(host);
+}
+
+// The variables a remote rank gets: ronde's own, the communication
+// libraries', the ones that find programs and libraries, and -x's.
+std::vector<std::string> forwarded_names(const std::vector<std::string>& x) {
+  std::vector<std::string> names = {
+      "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV"};
+  for (const std::string& e : x) {
+    names.push_back(e.substr(0, e.find('=')));
+  }
+  return names;
+}
+
+bool forwarded(const std::string& name, const std::vector<std::string>& extra) {
+  for (const char* prefix : {"RONDE_", "GLOO_", "NCCL_", "OMP_"}) {
+    if (name.rfind(prefix, 0) == 0) {
+      return true;
+    }
+  }
+  return std::find(extra.begin(), extra.end(), name) != extra.end();
+}
+
+// The template's words with {host} replaced, then one shell command line:
+// cd to this directory (when it exists there), then exec the command under
+// the rank's variables.
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (char c : text) {
+    if (quote != 0) {
+      if (c == quote) {
+        quote = 0;
+      } else {
+        word += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (isspace(static_cast<unsigned char>(c))) {
+      if (in_word) {
+        words.push_back(word);
+        word.clear();
+        in_word = false;
+      }
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) {
+    words.push_back(word);
+  }
+  return words;
+}
+
+std::string replace_all(
+    std::string text, const std::string& from, const std::string& to) {
+  for (size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
 
 class Launcher {
  public:
@@ -315,6 +547,7 @@ class Launcher {
   bool pick_free_port();
   void make_job_id();
   double read_kill_grace();
+  bool choose_rendezvous_address();
   void build_environments();
   void start_ranks();
   bool start_rank(Rank& rank);
@@ -336,11 +569,18 @@ class Launcher {
   void signal_live_groups(int signo);
   void abort_job();
   void write_all(int fd, const char* data, size_t size);
+  std::vector<std::string> remote_environment(
+      const std::vector<std::string>& env) const;
+  std::vector<std::string> remote_argv(
+      const std::string& host,
+      const std::vector<std::string>& env,
+      const std::string& cwd) const;
   void message(const std::string& text);
 
   Options options_;
   std::vector<Rank> ranks_;
   std::vector<std::vector<std::string>> rank_env_;
+  std::vector<std::vector<std::string>> rank_argv_;  // empty: the command
   double kill_grace_seconds_ = kDefaultKillGraceSeconds;
   int wake_read_fd_ = -1;
   int dev_null_fd_ = -1;
@@ -474,7 +714,9 @@ bool Launcher::pick_free_port() {
   }
   struct sockaddr_in addr = {};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Free on every interface, for a rank 0 on another host at least likely.
+  addr.sin_addr.s_addr =
+      htonl(options_.hosts.empty() ? INADDR_LOOPBACK : INADDR_ANY);
   addr.sin_port = 0;
   socklen_t len = sizeof(addr);
   bool ok = bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
@@ -550,6 +792,123 @@ double Launcher::read_kill_grace() {
   return std::min(value, kMaxKillGraceSeconds);
 }
 
+std::vector<std::string> Launcher::remote_environment(
+    const std::vector<std::string>& env) const {
+  const std::vector<std::string> extra = forwarded_names(options_.exports);
+  std::vector<std::string> out;
+  for (const std::string& e : env) {
+    if (forwarded(e.substr(0, e.find('=')), extra)) {
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Launcher::remote_argv(
+    const std::string& host,
+    const std::vector<std::string>& env,
+    const std::string& cwd) const {
+  std::vector<std::string> argv;
+  for (const std::string& w : split_words(options_.rsh)) {
+    argv.push_back(replace_all(w, "{host}", host));
+  }
+  std::string line;
+  if (!cwd.empty()) {
+    line = "cd " + shell_quote(cwd) + " 2>/dev/null; ";
+  }
+  line += "exec env";
+  for (const std::string& e : env) {
+    line += " " + shell_quote(e);
+  }
+  for (const std::string& arg : options_.command) {
+    line += " " + shell_quote(arg);
+  }
+  argv.push_back(line);
+  return argv;
+}
+
+namespace {
+
+// The numeric address `host` resolves to here (IPv4 first); empty when it
+// does not resolve.
+std::string resolve_numeric(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) {
+    return "";
+  }
+  std::string v4;
+  std::string v6;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (a->ai_family == AF_INET && v4.empty()) {
+      inet_ntop(
+          AF_INET,
+          &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr,
+          buf,
+          sizeof(buf));
+      v4 = buf;
+    } else if (a->ai_family == AF_INET6 && v6.empty()) {
+      inet_ntop(
+          AF_INET6,
+          &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+          buf,
+          sizeof(buf));
+      v6 = buf;
+    }
+  }
+  freeaddrinfo(res);
+  return v4.empty() ? v6 : v4;
+}
+
+}  // namespace
+
+// Rank 0 hosts the store on the first host: its address as this machine
+// resolves it (ssh reaches it by the same name), unless that is loopback,
+// in which case the first host is this machine and the address is the one
+// this machine sends from on the route to the other hosts.
+bool Launcher::choose_rendezvous_address() {
+  if (options_.host_given || options_.hosts.empty()) {
+    return true;
+  }
+  const std::string& first = options_.hosts.front().host;
+  const std::string resolved = resolve_numeric(first);
+  if (!resolved.empty() && !is_loopback_address(resolved)) {
+    options_.host = resolved;
+    return true;
+  }
+  if (resolved.empty()) {
+    message(
+        "cannot resolve the first host '" + first +
+        "' (rank 0 hosts the rendezvous there); pass --host with an "
+        "address of it that every host can reach");
+    return false;
+  }
+  bool remote = false;
+  for (const HostSlots& h : options_.hosts) {
+    if (resolve_numeric(h.host) == resolved || is_local_host(h.host)) {
+      continue;
+    }
+    remote = true;
+    std::string source = route_source_address(h.host, options_.port);
+    if (!source.empty() && !is_loopback_address(source)) {
+      options_.host = source;
+      return true;
+    }
+  }
+  if (!remote) {
+    options_.host = kDefaultHost;  // every rank on this machine
+    return true;
+  }
+  message(
+      "the first host '" + first + "' resolves to " + resolved +
+      " (loopback) and no route to the other hosts shows this machine's "
+      "address; pass --host with an address of it that every host reaches");
+  return false;
+}
+
 void Launcher::build_environments() {
   const char* const kOwnNames[] = {
       "RONDE_RANK",
@@ -580,22 +939,63 @@ void Launcher::build_environments() {
       base.push_back(text);
     }
   }
+  for (const std::string& x : options_.exports) {
+    if (x.find('=') != std::string::npos) {
+      base.push_back(x);
+    }
+  }
+  // Ranks fill the hosts in order; a host with no slots left over keeps
+  // its ranks' local and cross places as Horovod defines them.
+  std::vector<HostSlots> hosts = options_.hosts;
+  if (hosts.empty()) {
+    hosts.push_back({"", options_.num_ranks});
+  }
+  std::vector<int> host_of;
+  std::vector<int> used(hosts.size(), 0);
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    for (int k = 0; k < hosts[h].slots &&
+         static_cast<int>(host_of.size()) < options_.num_ranks;
+         ++k) {
+      host_of.push_back(static_cast<int>(h));
+      ++used[h];
+    }
+  }
+  char cwd[4096] = {0};
+  const bool have_cwd = getcwd(cwd, sizeof(cwd) - 1) != nullptr;
   const std::string size = std::to_string(options_.num_ranks);
+  std::vector<int> next_local(hosts.size(), 0);
+  rank_argv_.resize(static_cast<size_t>(options_.num_ranks));
   for (int r = 0; r < options_.num_ranks; ++r) {
-    std::vector<std::string> env = base;
-    const std::string rank = std::to_string(r);
-    env.push_back("RONDE_RANK=" + rank);
-    env.push_back("RONDE_SIZE=" + size);
-    env.push_back("RONDE_LOCAL_RANK=" + rank);
-    env.push_back("RONDE_LOCAL_SIZE=" + size);
-    env.push_back("RONDE_CROSS_RANK=0");
-    env.push_back("RONDE_CROSS_SIZE=1");
-    env.push_back("RONDE_RENDEZVOUS_ADDR=" + options_.host);
-    env.push_back("RONDE_RENDEZVOUS_PORT=" + std::to_string(options_.port));
-    env.push_back("RONDE_JOB_ID=" + options_.job_id);
+    const int h = host_of[static_cast<size_t>(r)];
+    const int local = next_local[static_cast<size_t>(h)]++;
+    int cross_rank = 0;
+    int cross_size = 0;
+    for (size_t g = 0; g < hosts.size(); ++g) {
+      if (used[g] > local) {
+        cross_rank += static_cast<int>(g) < h ? 1 : 0;
+        ++cross_size;
+      }
+    }
+    std::vector<std::string> own;
+    own.push_back("RONDE_RANK=" + std::to_string(r));
+    own.push_back("RONDE_SIZE=" + size);
+    own.push_back("RONDE_LOCAL_RANK=" + std::to_string(local));
+    own.push_back("RONDE_LOCAL_SIZE=" + std::to_string(used[h]));
+    own.push_back("RONDE_CROSS_RANK=" + std::to_string(cross_rank));
+    own.push_back("RONDE_CROSS_SIZE=" + std::to_string(cross_size));
+    own.push_back("RONDE_RENDEZVOUS_ADDR=" + options_.host);
+    own.push_back("RONDE_RENDEZVOUS_PORT=" + std::to_string(options_.port));
+    own.push_back("RONDE_JOB_ID=" + options_.job_id);
     if (options_.timeout_seconds) {
-      env.push_back(
+      own.push_back(
           "RONDE_TIMEOUT_SECONDS=" + std::to_string(*options_.timeout_seconds));
+    }
+    std::vector<std::string> env = base;
+    env.insert(env.end(), own.begin(), own.end());
+    const std::string& host = hosts[static_cast<size_t>(h)].host;
+    if (!host.empty() && !is_local_host(host)) {
+      rank_argv_[static_cast<size_t>(r)] =
+          remote_argv(host, remote_environment(env), have_cwd ? cwd : "");
     }
     rank_env_.push_back(std::move(env));
   }
@@ -619,6 +1019,9 @@ int Launcher::run() {
   if (options_.port == 0 && !pick_free_port()) {
     return kFailureExitCode;
   }
+  if (!choose_rendezvous_address()) {
+    return kFailureExitCode;
+  }
   if (options_.job_id.empty()) {
     make_job_id();
   }
@@ -630,10 +1033,16 @@ int Launcher::run() {
     for (const std::string& arg : options_.command) {
       command += (command.empty() ? "" : " ") + shell_quote(arg);
     }
+    std::string hosts;
+    for (const HostSlots& h : options_.hosts) {
+      hosts += (hosts.empty() ? " on " : ",") + h.host + ":" +
+               std::to_string(h.slots);
+    }
     message(
         "job id " + options_.job_id + ", rendezvous " + options_.host + ":" +
         std::to_string(options_.port) + ", " +
-        std::to_string(options_.num_ranks) + " rank(s): " + command);
+        std::to_string(options_.num_ranks) + " rank(s)" + hosts + ": " +
+        command);
   }
 
   start_ranks();
@@ -774,8 +1183,12 @@ void Launcher::exec_rank(
       dup2(err_write, STDERR_FILENO) < 0) {
     _exit(kExecFailedExitCode);
   }
+  std::vector<std::string>& words =
+      rank_argv_[static_cast<size_t>(rank.index)].empty()
+      ? options_.command
+      : rank_argv_[static_cast<size_t>(rank.index)];
   std::vector<char*> argv;
-  for (std::string& arg : options_.command) {
+  for (std::string& arg : words) {
     argv.push_back(&arg[0]);
   }
   argv.push_back(nullptr);
@@ -788,7 +1201,7 @@ void Launcher::exec_rank(
   environ = envp.data();
   execvp(argv[0], argv.data());
   const int exec_errno = errno;
-  const std::string text = "ronderun: cannot run '" + options_.command[0] +
+  const std::string text = "ronderun: cannot run '" + words[0] +
                            "': " + strerror(exec_errno) + "\n";
   const char* data = text.data();
   size_t size = text.size();

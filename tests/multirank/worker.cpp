@@ -303,13 +303,27 @@ void check_async() {
 
 int scenario_collectives() {
   ronde::init();
-  const char* size_env = std::getenv("RONDE_SIZE");
-  const char* rank_env = std::getenv("RONDE_RANK");
-  bool launched = size_env != nullptr && *size_env != '\0';
+  // Whichever launcher convention started this rank.
+  const char* size_env = nullptr;
+  const char* rank_env = nullptr;
+  for (auto [size_var, rank_var] :
+       {std::pair{"RONDE_SIZE", "RONDE_RANK"},
+        std::pair{"WORLD_SIZE", "RANK"},
+        std::pair{"SLURM_NTASKS", "SLURM_PROCID"}}) {
+    const char* v = std::getenv(size_var);
+    if (size_env == nullptr && v != nullptr && *v != '\0') {
+      size_env = v;
+      rank_env = std::getenv(rank_var);
+    }
+  }
+  bool launched = size_env != nullptr;
   CHECK_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
   CHECK_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
   CHECK_W(ronde::device() == c10::Device(c10::kCPU), "device");
   std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
+  std::cout << "TOPOLOGY: " << ronde::local_rank() << " "
+            << ronde::local_size() << " " << ronde::cross_rank() << " "
+            << ronde::cross_size() << std::endl;
   check_allreduce();
   check_allgather();
   check_broadcast();

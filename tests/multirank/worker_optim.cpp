@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -589,6 +590,37 @@ int scenario_sampler() {
 
 }  // namespace
 
+// Trains until a peer is lost (the test kills a host's ranks after
+// "STEP 3"): the survivors must fail with a CommError naming the lost ranks.
+int scenario_train_until_killed() {
+  ronde::init();
+  torch::manual_seed(3);
+  torch::nn::Linear net(256, 256);
+  ronde::broadcast_parameters(net->named_parameters(), 0);
+  auto base = std::make_shared<torch::optim::SGD>(
+      net->parameters(), torch::optim::SGDOptions(0.01));
+  ronde::DistributedOptimizer opt(base, net->named_parameters());
+  try {
+    for (int step = 0; step < 100000; ++step) {
+      opt.zero_grad();
+      torch::Tensor x = torch::randn({16, 256});
+      torch::mse_loss(net->forward(x), x).backward();
+      opt.step();
+      std::cout << "STEP " << step << std::endl;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::cout << "NO_ERROR" << std::endl;
+    return 1;
+  } catch (const ronde::CommError& e) {
+    std::cout << "COMM_ERROR: " << e.what() << std::endl;
+    std::cout << "SUSPECTS:";
+    for (int s : e.suspect_ranks())
+      std::cout << " " << s;
+    std::cout << std::endl;
+    return 3;
+  }
+}
+
 // Returns -1 for a name that is not an optimizer scenario.
 int run_optim_scenario(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "";
@@ -608,5 +640,7 @@ int run_optim_scenario(int argc, char** argv) {
     return scenario_lr_scaling();
   if (name == "sampler")
     return scenario_sampler();
+  if (name == "train_until_killed")
+    return scenario_train_until_killed();
   return -1;
 }

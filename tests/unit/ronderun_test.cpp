@@ -648,6 +648,13 @@ TEST_F(RonderunTest, RejectsBadArguments) {
       {{"-np", "2", "--timeout", "soon", "echo"}, "'soon'"},
       {{"-np", "2", "--port", "http", "echo"}, "'http'"},
       {{"-np", "2", "--port", "70000", "echo"}, "'70000'"},
+      {{"-H", "a:0", "echo"}, "'a:0'"},
+      {{"-H", "a:x", "echo"}, "'a:x'"},
+      {{"-H", ",", "echo"}, "names no host"},
+      {{"-H", "a:1,b:1", "-np", "3", "echo"}, "more ranks than the hosts"},
+      {{"--hostfile", "/nonexistent/hosts", "echo"}, "cannot read"},
+      {{"-H", "a", "--rsh", " ", "echo"}, "--rsh"},
+      {{"-H", "a", "-x", "=v", "echo"}, "-x"},
   };
   for (const auto& test_case : cases) {
     std::string joined;
@@ -665,6 +672,109 @@ TEST_F(RonderunTest, RejectsBadArguments) {
     EXPECT_TRUE(contains(result.err, "usage: ronderun")) << joined;
     EXPECT_EQ(result.out, "") << joined;
   }
+}
+
+// A remote-command template that runs "on" a host locally: each rank's
+// command line arrives as one shell string, as ssh would pass it.
+const char* kFakeRsh = "env FAKE_HOST={host} sh -c";
+
+TEST_F(RonderunTest, StartsEachHostsRanksThroughTheTemplate) {
+  const RunResult result = run_ronderun(
+      {"-H",
+       "hostA:2,hostB:1",
+       "--host",
+       "127.0.0.1",
+       "--rsh",
+       kFakeRsh,
+       "-x",
+       "EXTRA=with space",
+       "--",
+       "sh",
+       "-c",
+       "echo \"$FAKE_HOST $RONDE_RANK/$RONDE_SIZE $RONDE_LOCAL_RANK/"
+       "$RONDE_LOCAL_SIZE $RONDE_CROSS_RANK/$RONDE_CROSS_SIZE "
+       "$RONDE_RENDEZVOUS_ADDR [$EXTRA] $(pwd)\""});
+  ASSERT_FALSE(result.timed_out);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  char cwd[4096] = {0};
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  const std::string here = cwd;
+  std::set<std::string> lines;
+  for (const std::string& line : split_lines(result.out))
+    lines.insert(line);
+  const std::set<std::string> want = {
+      "[0] hostA 0/3 0/2 0/2 127.0.0.1 [with space] " + here,
+      "[1] hostA 1/3 1/2 0/1 127.0.0.1 [with space] " + here,
+      "[2] hostB 2/3 0/1 1/2 127.0.0.1 [with space] " + here,
+  };
+  EXPECT_EQ(lines, want) << result.out;
+}
+
+TEST_F(RonderunTest, ReadsAHostfileAndFillsHostsInOrder) {
+  const std::string path = temp_file("hosts");
+  std::ofstream(path) << "# two hosts\n"
+                      << "hostA slots=1\n\n"
+                      << "hostB:2  # trailing comment\n";
+  const RunResult result = run_ronderun(
+      {"--hostfile",
+       path,
+       "-np",
+       "2",
+       "--host",
+       "127.0.0.1",
+       "--rsh",
+       kFakeRsh,
+       "--",
+       "sh",
+       "-c",
+       "echo $FAKE_HOST $RONDE_LOCAL_SIZE"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::set<std::string> lines;
+  for (const std::string& line : split_lines(result.out))
+    lines.insert(line);
+  EXPECT_EQ(lines, (std::set<std::string>{"[0] hostA 1", "[1] hostB 1"}));
+}
+
+TEST_F(RonderunTest, StopsAMultiHostJobWhenAHostsCommandDies) {
+  const auto start = Clock::now();
+  const RunResult result = run_ronderun(
+      {"-H",
+       "hostA:1,hostB:1",
+       "--host",
+       "127.0.0.1",
+       "--rsh",
+       kFakeRsh,
+       "--",
+       "sh",
+       "-c",
+       "if [ $FAKE_HOST = hostB ]; then exit 9; fi; sleep 60"});
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 9) << result.err;
+  EXPECT_LT(seconds, kTimeoutSeconds);
+}
+
+TEST_F(RonderunTest, RefusesAFirstHostItCannotResolve) {
+  const RunResult result = run_ronderun(
+      {"-H", "no-such-host.invalid:1,other.invalid:1", "--rsh", kFakeRsh,
+       "--", "true"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_TRUE(contains(result.err, "cannot resolve the first host "
+                                   "'no-such-host.invalid'"))
+      << result.err;
+  EXPECT_TRUE(contains(result.err, "--host")) << result.err;
+}
+
+TEST_F(RonderunTest, RunsLocalhostEntriesWithoutTheTemplate) {
+  const RunResult result = run_ronderun(
+      {"-H", "localhost:2", "--rsh", "false", "--", "sh", "-c",
+       "echo $RONDE_RENDEZVOUS_ADDR $RONDE_LOCAL_SIZE"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::set<std::string> lines;
+  for (const std::string& line : split_lines(result.out))
+    lines.insert(line);
+  EXPECT_EQ(lines, (std::set<std::string>{"[0] 127.0.0.1 2", "[1] 127.0.0.1 2"}));
 }
 
 }  // namespace

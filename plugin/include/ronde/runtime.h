@@ -17,7 +17,11 @@ struct InitOptions {
   // short enough that a dead peer is noticed within a coffee break).
   TORCH_ARG(double, timeout_seconds) = 0;
   // Address this rank's Gloo transport listens on and advertises. Empty:
-  // RONDE_HOSTNAME, else 127.0.0.1 for a job on loopback, else the host name.
+  // RONDE_HOSTNAME, else the first address of an interface that
+  // RONDE_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME) names, else 127.0.0.1 for
+  // a rendezvous on loopback, else the local address of the route to the
+  // rendezvous address. A job across hosts in which a rank would advertise
+  // a loopback address fails at init(), naming the rank.
   TORCH_ARG(std::string, hostname) = "";
   // Gloo all-reduce algorithm: "ring" (bandwidth-optimal, the default) or
   // "bcube". Empty: RONDE_GLOO_ALGORITHM, else "ring".
@@ -35,6 +39,11 @@ bool is_initialized();
 
 int rank();
 int size();
+// Where this rank sits, as the ranks observed it at init() (ranks with the
+// same boot id and network namespace share a host), not as the launcher
+// said: local_rank among its host's ranks (in rank order), local_size
+// ranks on its host; cross_rank and cross_size as Horovod's: the ranks with
+// this local rank, one per host, hosts in the order of their lowest rank.
 int local_rank();
 int local_size();
 int cross_rank();
@@ -45,7 +54,9 @@ std::string job_id();
 double timeout_seconds();
 
 // The backend that carries this job's CPU tensors: "shm" (shared memory,
-// every rank on one host), "gloo" (TCP), or "self" (one rank).
+// every rank on one host), "hierarchical" (several hosts with several ranks
+// each: shared memory within a host, Gloo across), "gloo" (TCP), or "self"
+// (one rank).
 std::string host_backend();
 
 // cuda:<local_rank mod device count> when LibTorch has CUDA devices, else CPU.

@@ -162,6 +162,9 @@ struct CommConfig {
   // namespace), in rank order; empty for a job of one rank. Ranks with
   // equal identities share memory.
   std::vector<std::string> hosts;
+  // RONDE_HIERARCHICAL; unset: the two-level all-reduce where several
+  // hosts run several ranks each.
+  std::optional<bool> hierarchical;
   // "nccl" or "gloo" for CUDA tensors; empty: NCCL when built.
   std::string cuda_backend;
 };
@@ -220,6 +223,15 @@ std::unique_ptr<Communicator> make_shm_communicator(
 struct ShmUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// For a job on several hosts (config.hosts): the two-level all-reduce
+// (reduce-scatter within each host, all-reduce across hosts, all-gather
+// within each host) over `flat`, which keeps the other collectives; or
+// `flat` itself when config.hierarchical turns it off, when no host runs
+// several ranks (unless forced), or, with one log line, when the hosts run
+// uneven numbers of ranks.
+std::unique_ptr<Communicator> make_hierarchical_communicator(
+    const CommConfig& config, std::unique_ptr<Communicator> flat);
 
 #ifdef RONDE_WITH_NCCL
 // The NCCL communicator of one CUDA device, connected through `store` under

@@ -191,6 +191,8 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
         config.timeout,
         config.host_algorithm,
         config.gloo);
+    if (!one_host(config.hosts))
+      host = make_hierarchical_communicator(config, std::move(host));
   }
   const bool nccl = cuda_backend_choice(config.cuda_backend) == "nccl";
   return std::make_unique<RoutingCommunicator>(config, std::move(host), nccl);

@@ -16,10 +16,6 @@
 namespace ronde::detail {
 namespace {
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
 // Rank 0 publishes the job's identity; every other rank reads it before it
 // writes anything, so a process of another job (or with another world size)
 // leaves without touching this job's keys.
@@ -102,21 +98,23 @@ c10::intrusive_ptr<c10d::Store> join_store(
   }
 }
 
-std::string advertised_address(
+AddressChoice advertised_address(
     const std::string& requested,
     const Settings& settings,
     const LaunchInfo& info) {
-  if (!requested.empty())
-    return requested;
-  if (!settings.hostname.empty())
-    return settings.hostname;
-  if (is_loopback(info.addr))
-    return "127.0.0.1";
-  char name[256] = {0};
-  if (::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
-    return name;
+  AddressRequest request;
+  request.option = requested;
+  request.hostname = settings.hostname;
+  request.ifname = settings.socket_ifname;
+  request.ifname_variable = settings.socket_ifname_variable;
+  request.rendezvous_addr = info.addr;
+  request.rendezvous_port = info.port;
+  try {
+    return choose_address(request, list_interfaces());
+  } catch (const std::exception& e) {
+    throw rendezvous_error(
+        info, "rank " + std::to_string(info.rank) + ": " + e.what());
   }
-  return "127.0.0.1";
 }
 
 std::vector<int> failed_peers(
@@ -169,24 +167,138 @@ std::string host_identity() {
   return boot + "/net:" + ns;
 }
 
-std::vector<std::string> exchange_host_identities(
+namespace {
+
+// One line per field; no field holds a newline (identities and addresses
+// are the kernel's and the resolver's, sources are ronde's own).
+std::string encode(const PeerInfo& p) {
+  return p.host + "\n" + p.address.address + "\n" + p.address.source + "\n" +
+      std::to_string(p.local_rank) + "\n" + std::to_string(p.local_size) +
+      "\n" + std::to_string(p.cross_rank) + "\n" +
+      std::to_string(p.cross_size) + "\n" + p.launcher;
+}
+
+PeerInfo decode(const std::string& text, int rank) {
+  std::vector<std::string> f;
+  size_t start = 0;
+  for (;;) {
+    size_t nl = text.find('\n', start);
+    f.push_back(text.substr(start, nl - start));
+    if (nl == std::string::npos)
+      break;
+    start = nl + 1;
+  }
+  if (f.size() != 8) {
+    throw std::runtime_error(
+        "rank " + std::to_string(rank) +
+        "'s rendezvous record is malformed (another ronde version?)");
+  }
+  PeerInfo p;
+  p.host = f[0];
+  p.address = {f[1], f[2]};
+  p.local_rank = std::stoi(f[3]);
+  p.local_size = std::stoi(f[4]);
+  p.cross_rank = std::stoi(f[5]);
+  p.cross_size = std::stoi(f[6]);
+  p.launcher = f[7];
+  return p;
+}
+
+}  // namespace
+
+std::vector<PeerInfo> exchange_peers(
     c10d::Store& store,
     const LaunchInfo& info,
+    const PeerInfo& mine,
     std::chrono::milliseconds timeout) {
-  const std::string mine = host_identity();
+  const std::string text = encode(mine);
   store.set(
-      job_key(info, "host/" + std::to_string(info.rank)),
-      std::vector<uint8_t>(mine.begin(), mine.end()));
+      job_key(info, "peer/" + std::to_string(info.rank)),
+      std::vector<uint8_t>(text.begin(), text.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < info.size; ++r)
-    keys.push_back(job_key(info, "host/" + std::to_string(r)));
+    keys.push_back(job_key(info, "peer/" + std::to_string(r)));
   store.wait(keys, timeout);
-  std::vector<std::string> hosts;
-  for (const auto& k : keys) {
-    auto v = store.get(k);
-    hosts.emplace_back(v.begin(), v.end());
+  std::vector<PeerInfo> peers;
+  for (int r = 0; r < info.size; ++r) {
+    auto v = store.get(keys[r]);
+    peers.push_back(decode(std::string(v.begin(), v.end()), r));
   }
-  return hosts;
+  // Every rank has read every record before any acts on them: a verdict
+  // that ends rank 0 (which hosts the store) must reach the others too.
+  const std::string read = job_key(info, "peers-read");
+  store.add(read, 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (store.add(read, 0) < info.size) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw std::runtime_error(
+          "not every rank read the others' records within the timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return peers;
+}
+
+void check_reachable(const std::vector<PeerInfo>& peers, const LaunchInfo& info) {
+  bool one_host = true;
+  for (const auto& p : peers)
+    one_host = one_host && p.host == peers.front().host;
+  if (one_host)
+    return;
+  std::string bad;
+  for (size_t r = 0; r < peers.size(); ++r) {
+    if (is_loopback_address(peers[r].address.address)) {
+      bad += (bad.empty() ? "" : "; ") + std::string("rank ") +
+          std::to_string(r) + " would advertise " + peers[r].address.address +
+          " (from " + peers[r].address.source + ")";
+    }
+  }
+  if (bad.empty())
+    return;
+  throw rendezvous_error(
+      info,
+      "the job spans hosts, but " + bad +
+          ": ranks on other hosts cannot reach a loopback address. On that "
+          "host set RONDE_SOCKET_IFNAME to the interface that reaches the "
+          "other hosts (or RONDE_HOSTNAME to its address), or give "
+          "MASTER_ADDR as an address every host routes to, not a name "
+          "that resolves to loopback there");
+}
+
+std::string topology_disagreement(const std::vector<PeerInfo>& peers) {
+  std::vector<std::string> hosts;
+  for (const auto& p : peers)
+    hosts.push_back(p.host);
+  std::string diffs;
+  int count = 0;
+  for (int r = 0; r < static_cast<int>(peers.size()); ++r) {
+    const PeerInfo& p = peers[r];
+    if (p.launcher == "none")
+      continue;
+    Topology t = derive_topology(hosts, r);
+    if (t.local_rank == p.local_rank && t.local_size == p.local_size &&
+        t.cross_rank == p.cross_rank && t.cross_size == p.cross_size) {
+      continue;
+    }
+    if (++count <= 4) {
+      auto four = [](int a, int b, int c, int d) {
+        return std::to_string(a) + "/" + std::to_string(b) + "/" +
+            std::to_string(c) + "/" + std::to_string(d);
+      };
+      diffs += (diffs.empty() ? "" : "; ") + std::string("rank ") +
+          std::to_string(r) + " was told " +
+          four(p.local_rank, p.local_size, p.cross_rank, p.cross_size) +
+          " by " + p.launcher + ", observed " +
+          four(t.local_rank, t.local_size, t.cross_rank, t.cross_size);
+    }
+  }
+  if (count == 0)
+    return "";
+  if (count > 4)
+    diffs += "; and " + std::to_string(count - 4) + " more";
+  return "the launcher's local_rank/local_size/cross_rank/cross_size "
+         "disagree with the hosts the ranks run on (" +
+      diffs + "); using what was observed";
 }
 
 }  // namespace ronde::detail

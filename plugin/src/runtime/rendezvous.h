@@ -5,6 +5,8 @@
 #pragma once
 
 #include "runtime/launch_env.h"
+#include "runtime/net_address.h"
+#include "runtime/topology.h"
 #include "runtime/settings.h"
 
 #include <ronde/errors.h>
@@ -35,10 +37,10 @@ c10::intrusive_ptr<c10d::Store> join_store(
     const Settings& settings,
     std::chrono::milliseconds timeout);
 
-// The address this rank's transport advertises: `requested` (the option),
-// else RONDE_HOSTNAME, else 127.0.0.1 for a job on loopback, else the host
-// name.
-std::string advertised_address(
+// The address this rank's transport advertises (net_address.h says how it
+// is chosen), and where it came from. Throws CommError of kind Rendezvous
+// when an interface filter matches nothing.
+AddressChoice advertised_address(
     const std::string& requested,
     const Settings& settings,
     const LaunchInfo& info);
@@ -49,11 +51,32 @@ std::string advertised_address(
 // machine: that is how a cluster is simulated on one.
 std::string host_identity();
 
-// Every rank's host_identity(), in rank order, exchanged through the store.
-std::vector<std::string> exchange_host_identities(
+// What each rank tells the others at init(): its host, the address it
+// advertises and why, and where its launcher said it sits.
+struct PeerInfo {
+  std::string host;  // host_identity()
+  AddressChoice address;
+  int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  std::string launcher;  // LaunchInfo::source
+};
+
+// Every rank's PeerInfo, in rank order, exchanged through the store.
+std::vector<PeerInfo> exchange_peers(
     c10d::Store& store,
     const LaunchInfo& info,
+    const PeerInfo& mine,
     std::chrono::milliseconds timeout);
+
+// Fails (the same CommError on every rank) when the job spans hosts and a
+// rank advertises a loopback address, which the other hosts cannot reach:
+// the message names every such rank, where its address came from, and the
+// variables that fix it.
+void check_reachable(const std::vector<PeerInfo>& peers, const LaunchInfo& info);
+
+// One warning line (rank 0) when the launcher's local/cross ranks and sizes
+// disagree with the topology the host identities show; empty when they
+// agree or no launcher gave them.
+std::string topology_disagreement(const std::vector<PeerInfo>& peers);
 
 // After a collective failed here: posts this rank's failure notice, waits a
 // short grace for every peer's, and returns the ranks whose notice did not

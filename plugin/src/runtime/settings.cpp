@@ -82,6 +82,9 @@ const std::vector<std::string>& setting_variables() {
   static const std::vector<std::string> names = {
       "RONDE_TIMEOUT_SECONDS",
       "RONDE_HOSTNAME",
+      "RONDE_SOCKET_IFNAME",
+      "GLOO_SOCKET_IFNAME",
+      "RONDE_HIERARCHICAL",
       "RONDE_GLOO_ALGORITHM",
       "RONDE_GLOO_MODULE",
       "RONDE_FUSION_THRESHOLD",
@@ -107,6 +110,14 @@ Settings read_settings(const EnvLookup& env) {
   s.timeout_seconds =
       positive_env_number(env, "RONDE_TIMEOUT_SECONDS", "seconds");
   s.hostname = text(env, "RONDE_HOSTNAME");
+  for (const char* name : {"RONDE_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    if (s.socket_ifname.empty()) {
+      s.socket_ifname = text(env, name);
+      if (!s.socket_ifname.empty())
+        s.socket_ifname_variable = name;
+    }
+  }
+  s.hierarchical = flag(env, "RONDE_HIERARCHICAL");
   s.gloo_algorithm = text(env, "RONDE_GLOO_ALGORITHM");
   s.gloo_module = text(env, "RONDE_GLOO_MODULE");
   s.fusion_threshold_bytes =

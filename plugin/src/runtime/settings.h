@@ -17,6 +17,13 @@ struct Settings {
   std::optional<double> timeout_seconds;
   // RONDE_HOSTNAME: the address this rank's transport advertises.
   std::string hostname;
+  // RONDE_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME): the interfaces whose
+  // address a rank advertises; socket_ifname_variable says which was set.
+  std::string socket_ifname;
+  std::string socket_ifname_variable;
+  // RONDE_HIERARCHICAL: the two-level all-reduce across hosts; unset: on
+  // when several hosts run several ranks each.
+  std::optional<bool> hierarchical;
   // RONDE_GLOO_ALGORITHM: "ring" or "bcube" (checked by the Gloo backend).
   std::string gloo_algorithm;
   // RONDE_GLOO_MODULE: path of the Gloo backend module; empty: next to
