@@ -30,7 +30,7 @@ TORCH_VERSION=2.13.0
 CUDA_VENV=${RONDE_CUDA_VENV:-$ROOT/.venv-cuda}
 CUDA_TORCH_VERSION=2.14.1
 
-APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev
+APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev iproute2
   zlib1g-dev python3-dev dataset-fashion-mnist)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
