@@ -62,6 +62,9 @@ def main():
     p.add_argument("--workload", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="DDP's communication hook: fp16_compress_hook or "
+                        "bf16_compress_hook (the peer of ronde's wire compression)")
     p.add_argument("--json")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -83,6 +86,11 @@ def main():
         ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
     except TypeError:  # releases before forward_sync_buffers
         ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    if a.compression != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = {"fp16": default_hooks.fp16_compress_hook,
+                "bf16": default_hooks.bf16_compress_hook}[a.compression]
+        ddp.register_comm_hook(None, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     samples = []
     for s in range(a.warmup + a.steps):
@@ -96,11 +104,12 @@ def main():
     dist.all_reduce(step, op=dist.ReduceOp.MAX)
     step = step.item()
     if rank == 0:
-        print(f"{a.workload} ddp: {size} rank(s), median step {step * 1e3:.1f} ms, "
+        print(f"{a.workload} ddp ({a.compression}): {size} rank(s), median step {step * 1e3:.1f} ms, "
               f"{size * batch / step:.1f} samples/s")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"workload": a.workload, "mode": "ddp", "ranks": size,
+                json.dump({"workload": a.workload, "mode": "ddp",
+                           "compression": a.compression, "ranks": size,
                            "batch_per_rank": batch, "step_s": step,
                            "samples_per_s": size * batch / step,
                            "steps": a.steps}, f)

@@ -218,6 +218,19 @@ def case_ronderun(args, hosts, per_host, tag):
                topologies_for(hosts, per_host))
 
 
+def case_digest(args, tag):
+    """Sums of random floating tensors up to 2.5M elements (2-3 pieces of
+    the hierarchical pipeline), checked against a reference in each rank:
+    every rank of the job must hold the same bits."""
+    codes, outputs, timed_out = run_env_job(args, 2, 2, "torchrun", ["digest"], tag)
+    check(not timed_out and all(c == 0 for c in codes), f"exit codes {codes}",
+          outputs)
+    digests = {re.search(r"DIGEST: (\w+)", o).group(1) for o in outputs}
+    check(len(digests) == 1, f"ranks disagree on the bits: {digests}", outputs)
+    check(all("HOST_BACKEND: hierarchical" in o for o in outputs),
+          "the job should be hierarchical", outputs)
+
+
 def case_uneven(args, tag):
     """Host 0 runs 2 ranks, host 1 one: the flat ring, said once."""
     with Cluster(2, tag) as c:
@@ -346,6 +359,7 @@ CASES = {
     "ronderun_2x1": lambda a: case_ronderun(a, 2, 1, "f"),
     "ronderun_2x2": lambda a: case_ronderun(a, 2, 2, "g"),
     "uneven": lambda a: case_uneven(a, "h"),
+    "digest_2x2": lambda a: case_digest(a, "k"),
     "loopback_refused": lambda a: case_loopback_refused(a, "i"),
     "host_killed": lambda a: case_host_killed(a, "j"),
 }

@@ -223,4 +223,24 @@ TEST(Settings, SharedMemoryVariables) {
       std::string::npos);
 }
 
+TEST(Settings, AcrossHostsVariables) {
+  Settings d = parse({});
+  EXPECT_EQ(d.socket_ifname, "");
+  EXPECT_FALSE(d.hierarchical);
+  // RONDE_SOCKET_IFNAME wins over GLOO_SOCKET_IFNAME; each says its name.
+  Settings s = parse(
+      {{"RONDE_SOCKET_IFNAME", "^docker,lo"},
+       {"GLOO_SOCKET_IFNAME", "eth1"},
+       {"RONDE_HIERARCHICAL", "0"}});
+  EXPECT_EQ(s.socket_ifname, "^docker,lo");
+  EXPECT_EQ(s.socket_ifname_variable, "RONDE_SOCKET_IFNAME");
+  EXPECT_EQ(s.hierarchical, std::optional<bool>(false));
+  s = parse({{"GLOO_SOCKET_IFNAME", "eth1"}, {"RONDE_SOCKET_IFNAME", ""}});
+  EXPECT_EQ(s.socket_ifname, "eth1");
+  EXPECT_EQ(s.socket_ifname_variable, "GLOO_SOCKET_IFNAME");
+  EXPECT_NE(
+      error_of({{"RONDE_HIERARCHICAL", "auto"}}).find("RONDE_HIERARCHICAL='auto'"),
+      std::string::npos);
+}
+
 }  // namespace

@@ -6,13 +6,20 @@
 // 1/local_size of the bytes), and the host's ranks all-gather the blocks.
 // Every element is reduced by exactly one cross group, in host order, after
 // a reduction in rank order within each host, so every rank ends with the
-// same bits. The other collectives take the flat Gloo mesh over all ranks.
+// same bits. Large tensors go in pieces, pipelined: the next piece is
+// reduced in memory while the previous one crosses the link. The other
+// collectives take the flat Gloo mesh over all ranks.
 #include "comm/communicator.h"
 #include "runtime/topology.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
 #include <iostream>
+#include <mutex>
+#include <thread>
 
 namespace ronde::detail {
 namespace {
@@ -47,19 +54,108 @@ class HierarchicalCommunicator final : public Communicator {
       cross_->allreduce(tensor, op);
       return;
     }
-    std::vector<int64_t> counts(L, n / L);
-    for (int i = 0; i < n % L; ++i)
-      ++counts[i];
-    const int me = local_->rank();
+    // Pieces of about kPieceBytes, each split into L blocks.
+    const int64_t esize = tensor.element_size();
+    const int64_t piece = std::max<int64_t>(L, kPieceBytes / esize);
+    std::vector<Piece> pieces;
+    int64_t scratch = 0;
+    for (int64_t start = 0; start < n; start += piece) {
+      Piece p;
+      p.start = start;
+      p.count = std::min(piece, n - start);
+      p.counts.assign(L, p.count / L);
+      for (int i = 0; i < p.count % L; ++i)
+        ++p.counts[i];
+      p.block_offset = scratch;
+      scratch += p.counts[local_->rank()];
+      pieces.push_back(std::move(p));
+    }
+    at::Tensor blocks = scratch_for(scratch, tensor);
     at::Tensor flat = tensor.view(-1);
-    at::Tensor block = at::empty({counts[me]}, tensor.options());
-    local_->reduce_scatter(flat, block, counts, op);
-    if (cross_->size() > 1)
-      cross_->allreduce(block, op);
-    std::vector<size_t> bytes(L);
-    for (int i = 0; i < L; ++i)
-      bytes[i] = static_cast<size_t>(counts[i]) * tensor.element_size();
-    local_->allgather(block, flat, bytes);
+    auto block_of = [&](const Piece& p) {
+      return blocks.narrow(0, p.block_offset, p.counts[local_->rank()]);
+    };
+    auto gather = [&](const Piece& p) {
+      std::vector<size_t> bytes(L);
+      for (int i = 0; i < L; ++i)
+        bytes[i] = static_cast<size_t>(p.counts[i] * esize);
+      local_->allgather(block_of(p), flat.narrow(0, p.start, p.count), bytes);
+    };
+    auto scatter = [&](const Piece& p) {
+      local_->reduce_scatter(
+          flat.narrow(0, p.start, p.count), block_of(p), p.counts, op);
+    };
+    if (pieces.size() == 1 || cross_->size() == 1) {
+      for (const Piece& p : pieces) {
+        scatter(p);
+        cross_->allreduce(block_of(p), op);
+        gather(p);
+      }
+      return;
+    }
+    // A pipeline: this thread reduces piece k+1 within the host (memory,
+    // CPU) while a second thread all-reduces piece k across hosts (the
+    // link), then gathers piece k. Every local rank runs the shared-memory
+    // steps in the same order, and every member of a cross group the cross
+    // steps, so the order of each communicator's collectives is fixed.
+    Pipeline line;
+    std::thread across([&] {
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        {
+          std::unique_lock<std::mutex> lock(line.mutex);
+          line.cv.wait(lock, [&] { return line.reduced > k || line.stop; });
+          if (line.stop)
+            return;
+        }
+        try {
+          cross_->allreduce(block_of(pieces[k]), op);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(line.mutex);
+          line.error = std::current_exception();
+          line.cv.notify_all();
+          return;
+        }
+        std::lock_guard<std::mutex> lock(line.mutex);
+        line.crossed = k + 1;
+        line.cv.notify_all();
+      }
+    });
+    auto wait_crossed = [&](size_t k) {
+      std::unique_lock<std::mutex> lock(line.mutex);
+      line.cv.wait(lock, [&] { return line.crossed > k || line.error; });
+      if (line.error)
+        throw PipelineStopped{};
+    };
+    try {
+      for (size_t k = 0; k < pieces.size(); ++k) {
+        scatter(pieces[k]);
+        {
+          std::lock_guard<std::mutex> lock(line.mutex);
+          line.reduced = k + 1;
+          line.cv.notify_all();
+        }
+        if (k > 0) {
+          wait_crossed(k - 1);
+          gather(pieces[k - 1]);
+        }
+      }
+      wait_crossed(pieces.size() - 1);
+      gather(pieces.back());
+    } catch (const PipelineStopped&) {
+      across.join();
+      std::rethrow_exception(line.error);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(line.mutex);
+        line.stop = true;
+        line.cv.notify_all();
+      }
+      // The cross step may be blocked on peers that wait for this rank.
+      cross_->interrupt();
+      across.join();
+      throw;
+    }
+    across.join();
   }
   void allgather(
       const at::Tensor& in,
@@ -93,6 +189,37 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
  private:
+  // Large all-reduces move in pieces of this size, pipelined.
+  static constexpr int64_t kPieceBytes = int64_t{8} << 20;
+
+  struct Piece {
+    int64_t start = 0, count = 0;  // elements of the flat tensor
+    std::vector<int64_t> counts;    // its blocks, one per local rank
+    int64_t block_offset = 0;       // this rank's block in the scratch
+  };
+  struct Pipeline {
+    std::mutex mutex;
+    std::condition_variable cv;
+    size_t reduced = 0;  // pieces reduced within the host
+    size_t crossed = 0;  // pieces all-reduced across hosts
+    bool stop = false;
+    std::exception_ptr error;
+  };
+  struct PipelineStopped {};
+
+  // This rank's blocks, kept between calls (1/local_size of the largest
+  // tensor all-reduced so far) so that a large all-reduce does not fault
+  // fresh pages in every time.
+  at::Tensor scratch_for(int64_t elements, const at::Tensor& like) {
+    const int64_t bytes = elements * like.element_size();
+    if (!scratch_.defined() || scratch_.numel() < bytes ||
+        scratch_.device() != like.device()) {
+      scratch_ = at::empty({bytes}, like.options().dtype(at::kByte));
+    }
+    return scratch_.narrow(0, 0, bytes).view(like.scalar_type());
+  }
+
+  at::Tensor scratch_;
   std::unique_ptr<Communicator> flat_;
   std::unique_ptr<Communicator> local_;
   std::unique_ptr<Communicator> cross_;
