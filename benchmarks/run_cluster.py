@@ -87,6 +87,18 @@ def base_env():
     return env
 
 
+def repo_relative(obj):
+    """The record with this checkout's absolute paths made relative to it,
+    so that the results say the same on every machine."""
+    if isinstance(obj, str):
+        return obj.replace(ROOT + os.sep, "")
+    if isinstance(obj, list):
+        return [repo_relative(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: repo_relative(v) for k, v in obj.items()}
+    return obj
+
+
 def load(path):
     with open(path) as f:
         return json.load(f)
@@ -426,12 +438,12 @@ def cmd_allreduce(a):
         HERE, "results",
         f"cluster-allreduce-{datetime.date.today().isoformat()}.json")
     with open(out, "w") as f:
-        json.dump({"benchmark": "cluster-allreduce", "hosts": a.hosts,
+        json.dump(repo_relative({"benchmark": "cluster-allreduce", "hosts": a.hosts,
                    "per_host": a.per_host, "ranks": n, "rounds": a.rounds,
                    "rates": rates, "impls": impls,
                    "sweep": {"b": a.b, "e": a.e, "f": a.f},
                    "command_line": [sys.executable] + sys.argv,
-                   "machine": info, "groups": groups}, f, indent=1)
+                   "machine": info, "groups": groups}), f, indent=1)
     print(f"wrote {out}", file=sys.stderr)
     if a.plot:
         plot_allreduce(a.plot, groups, impls)
@@ -558,14 +570,14 @@ def cmd_train(a):
         HERE, "results",
         f"cluster-train-{datetime.date.today().isoformat()}.json")
     with open(out, "w") as f:
-        json.dump({"benchmark": "cluster-train", "rounds": a.rounds,
+        json.dump(repo_relative({"benchmark": "cluster-train", "rounds": a.rounds,
                    "steps": a.steps, "warmup": a.warmup,
                    "allocator": a.allocator,
                    "glibc_tunables": env.get("GLIBC_TUNABLES", ""),
                    "impls": impls,
                    "command_line": [sys.executable] + sys.argv,
                    "machine": info, "commands": commands, "row": row,
-                   "raw": runs}, f, indent=1)
+                   "raw": runs}), f, indent=1)
     print(f"wrote {out}", file=sys.stderr)
 
 
