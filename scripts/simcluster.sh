@@ -51,11 +51,23 @@ check() {
   if ! ip netns add "$probe" 2>/dev/null; then
     cannot "cannot create a network namespace here (ip netns add failed)"
   fi
-  local ok=1
-  ip link add "${probe}a" type veth peer name "${probe}b" 2>/dev/null || ok=0
+  # Everything up() and exec need, tried once on a probe: a veth pair, a
+  # bridge, a per-namespace /etc/hosts and running a command inside.
+  local why=""
+  if ! ip link add "${probe}a" type veth peer name "${probe}b" 2>/dev/null; then
+    why="cannot create veth pairs here"
+  elif ! ip link add "${probe}r" type bridge 2>/dev/null; then
+    why="cannot create a bridge here"
+  elif ! { mkdir -p "/etc/netns/$probe" && echo "127.0.1.1 probe" >"/etc/netns/$probe/hosts"; } 2>/dev/null; then
+    why="cannot write /etc/netns (per-host /etc/hosts)"
+  elif ! ip netns exec "$probe" grep -q probe /etc/hosts 2>/dev/null; then
+    why="cannot run a command inside a network namespace (ip netns exec)"
+  fi
   ip link del "${probe}a" 2>/dev/null || true
+  ip link del "${probe}r" 2>/dev/null || true
+  rm -rf "/etc/netns/$probe"
   ip netns del "$probe" 2>/dev/null || true
-  [ "$ok" -eq 1 ] || cannot "cannot create veth pairs here"
+  [ -z "$why" ] || cannot "$why"
 }
 
 # The token bucket's burst: at least 64 KiB, and 1/100 s of traffic.
