@@ -18,6 +18,7 @@
 #       run CMD inside HOST (its index, its name h<i>, or its address)
 #   scripts/simcluster.sh down NAME | --all
 #       kill every process in the cluster's hosts and remove the cluster
+#       (--all: every cluster this script made)
 #
 # --rate limits each host's link in both directions with a token bucket
 # (tc tbf), e.g. 1gbit or 500mbit. --delay MS adds a one-way delay with
@@ -160,6 +161,7 @@ up() {
         [ "$j" -eq "$i" ] || echo "198.18.0.$((j + 1)) h$j"
       done
     } >"/etc/netns/$ns/hosts"
+    echo "$name" >"/etc/netns/$ns/simcluster"  # for down --all
   done
 }
 
@@ -203,7 +205,9 @@ case "$cmd" in
   down)
     [ $# -eq 1 ] || die "usage: simcluster.sh down NAME | --all"
     if [ "$1" = "--all" ]; then
-      for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[a-z0-9]*-[0-9]+$" | sed 's/-[0-9]*$//' | sort -u); do
+      # Every cluster this script made: each host's /etc/netns entry names
+      # its cluster.
+      for n in $(cat /etc/netns/*/simcluster 2>/dev/null | sort -u); do
         down "$n"
       done
     else
