@@ -32,6 +32,7 @@ set -euo pipefail
 
 SELF=$(readlink -f "$0")
 PREFIX=rsim
+MARKS=/run/simcluster  # one empty file per cluster made
 
 die() { echo "simcluster: $*" >&2; exit 2; }
 
@@ -123,6 +124,7 @@ down() {
     rm -rf "/etc/netns/$ns"
   done
   ip link del "$(bridge_name "$name")" 2>/dev/null || true
+  rm -f "$MARKS/$name"
 }
 
 up() {
@@ -161,8 +163,10 @@ up() {
         [ "$j" -eq "$i" ] || echo "198.18.0.$((j + 1)) h$j"
       done
     } >"/etc/netns/$ns/hosts"
-    echo "$name" >"/etc/netns/$ns/simcluster"  # for down --all
   done
+  # For down --all. Not under /etc/netns/<ns>/: ip netns exec bind-mounts
+  # every file there over /etc.
+  mkdir -p "$MARKS" && : >"$MARKS/$name"
 }
 
 host_index() {  # index, h<i> or 198.18.0.<i+1>
@@ -207,7 +211,7 @@ case "$cmd" in
     if [ "$1" = "--all" ]; then
       # Every cluster this script made: each host's /etc/netns entry names
       # its cluster.
-      for n in $(cat /etc/netns/*/simcluster 2>/dev/null | sort -u); do
+      for n in $(ls "$MARKS" 2>/dev/null); do
         down "$n"
       done
     else
