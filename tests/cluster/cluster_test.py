@@ -219,7 +219,7 @@ def case_ronderun(args, hosts, per_host, tag):
 
 
 def case_digest(args, tag):
-    """Sums of random floating tensors up to 2.5M elements (2-3 pieces of
+    """Sums of random floating tensors up to 3.1M elements (2-3 pieces of
     the hierarchical pipeline), checked against a reference in each rank:
     every rank of the job must hold the same bits."""
     codes, outputs, timed_out = run_env_job(args, 2, 2, "torchrun", ["digest"], tag)

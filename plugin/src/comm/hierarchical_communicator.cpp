@@ -59,10 +59,14 @@ class HierarchicalCommunicator final : public Communicator {
     const int64_t piece = std::max<int64_t>(L, kPieceBytes / esize);
     std::vector<Piece> pieces;
     int64_t scratch = 0;
-    for (int64_t start = 0; start < n; start += piece) {
+    for (int64_t start = 0; start < n; start += pieces.back().count) {
       Piece p;
       p.start = start;
       p.count = std::min(piece, n - start);
+      // A tail shorter than L would leave a rank an empty block: the last
+      // piece takes it instead.
+      if (n - (start + p.count) < L)
+        p.count = n - start;
       p.counts.assign(L, p.count / L);
       for (int i = 0; i < p.count % L; ++i)
         ++p.counts[i];
