@@ -48,6 +48,8 @@ import sys
 
 import numpy as np
 
+from run_allreduce import comma_list, size_label  # same directory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(ROOT, "benchmarks")
 
@@ -64,17 +66,6 @@ def rel(path):
     path = os.path.abspath(path)
     return (os.path.relpath(path, ROOT)
             if os.path.commonpath([path, ROOT]) == ROOT else path)
-
-
-def comma_list(s):
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
-def size_label(n):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def mlp_params(path=os.path.join(HERE, "train_bench.cpp")):

@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from run_allreduce import comma_list, size_label  # same directory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = os.path.join(ROOT, "scripts", "simcluster.sh")
 HERE = os.path.join(ROOT, "benchmarks")
@@ -57,17 +59,6 @@ SCRUB_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
 TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
             "glibc.malloc.trim_threshold=4294967296")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def comma_list(s):
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
-def size_label(n):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def rate_bits(rate):
