@@ -486,11 +486,7 @@ int scenario_kill_peer() {
     std::cout << "NO_ERROR" << std::endl;
     return 1;
   } catch (const ronde::CommError& e) {
-    std::cout << "COMM_ERROR: " << e.what() << std::endl;
-    std::cout << "SUSPECTS:";
-    for (int s : e.suspect_ranks())
-      std::cout << " " << s;
-    std::cout << std::endl;
+    ronde::testing::print_comm_error(e);
     // Later calls fail at once, without hanging.
     try {
       ronde::allreduce(at::ones({1}));

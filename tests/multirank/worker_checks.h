@@ -2,6 +2,7 @@
 // the details, and counts; the scenario's exit code reports the count.
 #pragma once
 
+#include <ronde/errors.h>
 #include <ronde/runtime.h>
 
 #include <c10/util/Exception.h>
@@ -50,6 +51,15 @@ inline int& check_failures() {
 
 inline int scenario_exit_code() {
   return check_failures() == 0 ? 0 : 1;
+}
+
+// The lines the tests parse from a rank that failed with a CommError.
+inline void print_comm_error(const ronde::CommError& e) {
+  std::cout << "COMM_ERROR: " << e.what() << std::endl;
+  std::cout << "SUSPECTS:";
+  for (int s : e.suspect_ranks())
+    std::cout << " " << s;
+  std::cout << std::endl;
 }
 
 }  // namespace ronde::testing

@@ -59,6 +59,12 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
+// The lines of `text`, in no order: ranks' lines interleave.
+std::set<std::string> line_set(const std::string& text) {
+  const std::vector<std::string> lines = split_lines(text);
+  return {lines.begin(), lines.end()};
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -699,9 +705,7 @@ TEST_F(RonderunTest, StartsEachHostsRanksThroughTheTemplate) {
   char cwd[4096] = {0};
   ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
   const std::string here = cwd;
-  std::set<std::string> lines;
-  for (const std::string& line : split_lines(result.out))
-    lines.insert(line);
+  const std::set<std::string> lines = line_set(result.out);
   const std::set<std::string> want = {
       "[0] hostA 0/3 0/2 0/2 127.0.0.1 [with space] " + here,
       "[1] hostA 1/3 1/2 0/1 127.0.0.1 [with space] " + here,
@@ -729,9 +733,7 @@ TEST_F(RonderunTest, ReadsAHostfileAndFillsHostsInOrder) {
        "-c",
        "echo $FAKE_HOST $RONDE_LOCAL_SIZE"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  std::set<std::string> lines;
-  for (const std::string& line : split_lines(result.out))
-    lines.insert(line);
+  const std::set<std::string> lines = line_set(result.out);
   EXPECT_EQ(lines, (std::set<std::string>{"[0] hostA 1", "[1] hostB 1"}));
 }
 
@@ -771,9 +773,7 @@ TEST_F(RonderunTest, RunsLocalhostEntriesWithoutTheTemplate) {
       {"-H", "localhost:2", "--rsh", "false", "--", "sh", "-c",
        "echo $RONDE_RENDEZVOUS_ADDR $RONDE_LOCAL_SIZE"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  std::set<std::string> lines;
-  for (const std::string& line : split_lines(result.out))
-    lines.insert(line);
+  const std::set<std::string> lines = line_set(result.out);
   EXPECT_EQ(lines, (std::set<std::string>{"[0] 127.0.0.1 2", "[1] 127.0.0.1 2"}));
 }
 
