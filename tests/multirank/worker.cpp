@@ -138,6 +138,8 @@ void check_allreduce() {
       for (std::vector<int64_t> shape :
            {std::vector<int64_t>{0},
             std::vector<int64_t>{7},
+            // 4 KiB of float32: the most a call carries in its check.
+            std::vector<int64_t>{1024},
             std::vector<int64_t>{33, 65}}) {
         ++seed;
         at::Tensor x = input_for(me, seed, shape, dtype);
@@ -227,18 +229,28 @@ void check_allgather() {
     }
     CHECK_W(at::equal(got, at::cat(parts, 0)), "allgather ", dtype);
   }
+  // Rank 0's part too large to travel with the check, the others' not.
+  auto rows_of = [](int r) { return r == 0 ? int64_t{400} : int64_t{r}; };
+  at::Tensor x = input_for(me, 6, {rows_of(me), 3}, at::kFloat);
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < n; ++r)
+    parts.push_back(input_for(r, 6, {rows_of(r), 3}, at::kFloat));
+  CHECK_W(
+      at::equal(ronde::allgather(x), at::cat(parts, 0)), "allgather mixed");
 }
 
 void check_broadcast() {
   const int n = ronde::size(), me = ronde::rank();
   for (int root = 0; root < n; ++root) {
     for (auto dtype : {at::kFloat, at::kHalf, at::kInt}) {
-      at::Tensor x = input_for(me, 40 + root, {4, 5}, dtype);
-      at::Tensor want = input_for(root, 40 + root, {4, 5}, dtype);
+      // Small and large: carried by the check, or broadcast after it.
+      const int64_t rows = dtype == at::kHalf ? 400 : 4;
+      at::Tensor x = input_for(me, 40 + root, {rows, 5}, dtype);
+      at::Tensor want = input_for(root, 40 + root, {rows, 5}, dtype);
       at::Tensor got = ronde::broadcast(x, root);
       CHECK_W(at::equal(got, want), "broadcast root ", root);
       CHECK_W(
-          at::equal(x, input_for(me, 40 + root, {4, 5}, dtype)),
+          at::equal(x, input_for(me, 40 + root, {rows, 5}, dtype)),
           "out-of-place broadcast changed its input");
       ronde::broadcast_(x, root);
       CHECK_W(at::equal(x, want), "broadcast_ root ", root);
@@ -292,7 +304,8 @@ void check_alltoall() {
 
 void check_reducescatter() {
   const int n = ronde::size(), me = ronde::rank();
-  for (int64_t rows : {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1)}) {
+  for (int64_t rows :
+       {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1), int64_t(400 * n + 1)}) {
     at::Tensor x = input_for(me, 300 + rows, {rows, 3}, at::kFloat);
     at::Tensor got = ronde::reducescatter(x);
     at::Tensor full = reference_reduce(
@@ -395,6 +408,40 @@ int scenario_digest() {
 int scenario_mismatch() {
   ronde::init();
   const int me = ronde::rank();
+  // Calls every rank made before are checked by their fingerprints alone
+  // (the full descriptors travel only for a first call): both shapes below
+  // are known everywhere, so only the fingerprints can tell the ranks
+  // apart, and they must, on every rank.
+  for (int64_t cols : {5, 6}) {
+    for (int i = 0; i < 3; ++i)
+      ronde::allreduce(
+          at::ones({4, cols}), ronde::AllreduceOptions().name("known"));
+  }
+  expect_error(
+      [&] {
+        int64_t cols = me == ronde::size() - 1 ? 6 : 5;
+        ronde::allreduce(
+            at::ones({4, cols}), ronde::AllreduceOptions().name("known"));
+      },
+      {"disagree", "'known'", "Float[4, 5]", "Float[4, 6]"});
+  // A complaint about a call seen before is still every rank's error.
+  const int n = ronde::size();
+  for (int i = 0; i < 2; ++i) {
+    ronde::alltoall(
+        at::ones({n}),
+        ronde::AlltoallOptions()
+            .splits(std::vector<int64_t>(n, 1))
+            .name("known"));
+  }
+  expect_error(
+      [&] {
+        std::vector<int64_t> splits(n, 1);
+        if (me == 1)
+          splits[0] = 5;
+        ronde::alltoall(
+            at::ones({n}), ronde::AlltoallOptions().splits(splits).name("known"));
+      },
+      {"rejected", "rank 1: splits sum to"});
   // Shape differs on the last rank.
   expect_error(
       [&] {
@@ -457,7 +504,6 @@ int scenario_mismatch() {
   at::Tensor got = ronde::allreduce(
       at::ones({3}) * (me + 1),
       ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
-  int n = ronde::size();
   CHECK_W(
       at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
       "allreduce after mismatches");

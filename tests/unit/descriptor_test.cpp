@@ -181,3 +181,45 @@ TEST(Descriptor, DescribedBytes) {
 }
 
 }  // namespace
+
+namespace {
+
+using ronde::detail::fingerprint;
+
+TEST(Descriptor, FingerprintsTellCallsApartAsTheCheckDoes) {
+  const at::Tensor t = at::zeros({4, 5});
+  EXPECT_EQ(fingerprint(sum_call(t)), fingerprint(sum_call(at::ones({4, 5}))));
+  EXPECT_NE(fingerprint(sum_call(t)), fingerprint(sum_call(at::zeros({4, 6}))));
+  EXPECT_NE(fingerprint(sum_call(t)), fingerprint(sum_call(t, "y")));
+  EXPECT_NE(
+      fingerprint(sum_call(t)),
+      fingerprint(call(OpKind::Allreduce, t, "x", static_cast<int>(ReduceOp::Max))));
+  EXPECT_NE(
+      fingerprint(sum_call(t)), fingerprint(sum_call(at::zeros({4, 5}, at::kDouble))));
+  EXPECT_NE(
+      fingerprint(call(OpKind::Broadcast, t, "x", -1, 0)),
+      fingerprint(call(OpKind::Broadcast, t, "x", -1, 1)));
+  // A ragged dim 0 and a complaint are not part of it.
+  EXPECT_EQ(
+      fingerprint(call(OpKind::Allgather, at::zeros({2, 3}), "g")),
+      fingerprint(call(OpKind::Allgather, at::zeros({7, 3}), "g")));
+  EXPECT_NE(
+      fingerprint(call(OpKind::Allgather, at::zeros({2, 3}), "g")),
+      fingerprint(call(OpKind::Allgather, at::zeros({2, 4}), "g")));
+  EXPECT_EQ(
+      fingerprint(sum_call(t)),
+      fingerprint(call(OpKind::Allreduce, t, "x", static_cast<int>(ReduceOp::Sum), -1, "bad")));
+}
+
+TEST(Descriptor, FramesHoldFourKibUpToSixteenRanksAndStayAligned) {
+  using ronde::detail::frame_bytes;
+  using ronde::detail::inline_capacity;
+  EXPECT_EQ(inline_capacity(2), 4096u);
+  EXPECT_EQ(inline_capacity(16), 4096u);
+  EXPECT_EQ(inline_capacity(64), 1024u);
+  EXPECT_EQ(inline_capacity(4096), 512u);
+  for (int n : {1, 2, 17, 33, 100, 1000})
+    EXPECT_EQ(frame_bytes(n) % 8, 0u) << n;
+}
+
+}  // namespace

@@ -4,13 +4,16 @@
 // descriptor first (comm/descriptor.h), so a mismatch fails on every rank.
 #include <ronde/collectives.h>
 
+#include "comm/host_types.h"
 #include "comm/jobs.h"
+#include "comm/shm/reduce_n.h"
 #include "comm/world.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace ronde {
 
@@ -89,6 +92,52 @@ BackendOp backend_op(ReduceOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
 
+// After the sum: the average's division and the postscale.
+void finish_reduction(const at::Tensor& work, int n, ReduceOp op, double post) {
+  // Division by one is exact: at one rank the average is the tensor itself
+  // (a full pass over every bucket saved).
+  if (op == ReduceOp::Average && n > 1)
+    work.div_(n);
+  if (post != 1.0)
+    work.mul_(post);
+}
+
+// The reduction of every rank's payload (the check's frames) into `out`
+// (`count` elements from element `first`), in rank order with the
+// shared-memory backend's kernels, so every rank computes the same bits.
+// Each payload is scaled by `pre` first, as the backend would see it.
+void reduce_payloads(
+    const Exchanged& ex,
+    const at::Tensor& out,
+    ReduceOp op,
+    double pre,
+    int64_t first = 0,
+    int64_t count = -1) {
+  const size_t n = ex.payloads.size();
+  const int64_t numel = out.numel();
+  const size_t elem = out.element_size();
+  if (pre != 1.0) {
+    // The frames are this job's own memory.
+    for (size_t r = 0; r < n; ++r) {
+      at::from_blob(
+          ex.payloads[r],
+          {static_cast<int64_t>(ex.payload_bytes[r] / elem)},
+          out.options())
+          .mul_(pre);
+    }
+  }
+  if (count < 0)
+    count = numel;
+  std::vector<const void*> in(n);
+  for (size_t r = 0; r < n; ++r)
+    in[r] = ex.payloads[r] + first * elem;
+  ReduceNFn fn = pick_reduce_n(
+      host_dtype(out.scalar_type()), host_op(backend_op(op)));
+  TORCH_INTERNAL_ASSERT(fn != nullptr, "no host reduction for this dtype");
+  if (count > 0)
+    fn(out.data_ptr(), in.data(), static_cast<int>(n), count);
+}
+
 // An all-reduce in place: scale, reduce, average.
 void reduce_in_place(
     Communicator& comm,
@@ -102,12 +151,7 @@ void reduce_in_place(
   guarded(comm, call, [&] {
     comm.allreduce(work, backend_op(op));
   });
-  // Division by one is exact: at one rank the average is the tensor itself
-  // (a full pass over every bucket saved).
-  if (op == ReduceOp::Average && comm.size() > 1)
-    work.div_(comm.size());
-  if (post != 1.0)
-    work.mul_(post);
+  finish_reduction(work, comm.size(), op, post);
 }
 
 // The buffer a collective works in: in place, the caller's own storage when
@@ -135,14 +179,21 @@ Handle allreduce_impl(
       error);
   at::Tensor work =
       error.empty() ? working_copy(tensor, in_place) : at::Tensor();
+  if (work.defined() && work.is_cpu())
+    call.payload = work;
   return submit(
       std::move(call),
       [=](Communicator& comm,
           HandleState& state,
-          const std::vector<Descriptor>&,
+          const Exchanged& ex,
           const Call& c) {
-        reduce_in_place(
-            comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
+        if (!ex.payloads.empty()) {
+          reduce_payloads(ex, work, o.op(), o.prescale_factor());
+          finish_reduction(work, comm.size(), o.op(), o.postscale_factor());
+        } else {
+          reduce_in_place(
+              comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
+        }
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
@@ -167,13 +218,22 @@ Handle broadcast_impl(
       OpKind::Broadcast, tensor, o.name(), o.verify(), -1, root, error);
   at::Tensor work =
       error.empty() ? working_copy(tensor, in_place) : at::Tensor();
+  if (work.defined() && work.is_cpu())
+    call.payload = work;
   return submit(
       std::move(call),
       [=](Communicator& comm,
           HandleState& state,
-          const std::vector<Descriptor>&,
+          const Exchanged& ex,
           const Call& c) {
-        guarded(comm, c, [&] { comm.broadcast(work, root); });
+        if (!ex.payloads.empty()) {
+          if (ex.payload_bytes[root] > 0) {
+            std::memcpy(
+                work.data_ptr(), ex.payloads[root], ex.payload_bytes[root]);
+          }
+        } else {
+          guarded(comm, c, [&] { comm.broadcast(work, root); });
+        }
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
@@ -211,13 +271,16 @@ Handle allgather_impl(
       -1,
       error);
   at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
+  if (in.defined() && in.is_cpu())
+    call.payload = in;
   return submit(
       std::move(call),
       [in](
           Communicator& comm,
           HandleState& state,
-          const std::vector<Descriptor>& all,
+          const Exchanged& ex,
           const Call& c) {
+        const std::vector<Descriptor>& all = ex.all;
         const int64_t row = row_bytes(in);
         std::vector<size_t> bytes(all.size());
         int64_t rows = 0;
@@ -226,7 +289,16 @@ Handle allgather_impl(
           rows += all[r].dims[0];
         }
         at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
-        guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
+        if (!ex.payloads.empty()) {
+          auto* dst = static_cast<uint8_t*>(out.data_ptr());
+          for (size_t r = 0; r < all.size(); ++r) {
+            if (bytes[r] > 0)
+              std::memcpy(dst, ex.payloads[r], bytes[r]);
+            dst += bytes[r];
+          }
+        } else {
+          guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
+        }
         state.result = out;
       },
       {in},
@@ -285,22 +357,34 @@ Handle alltoall_impl(
       -1,
       error);
   at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
+  // The splits ride in the check's frame when they fit: one exchange less.
+  if (error.empty())
+    call.payload = at::tensor(splits, at::kLong);
   return submit(
       std::move(call),
       [in, splits, n](
           Communicator& comm,
           HandleState& state,
-          const std::vector<Descriptor>&,
+          const Exchanged& ex,
           const Call& c) {
         // Every rank's send splits, so each knows what it receives.
         std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
-        auto mine =
-            at::from_blob(const_cast<int64_t*>(splits.data()), {n}, at::kLong);
         auto all = at::from_blob(matrix.data(), {n * n}, at::kLong);
-        guarded(comm, c, [&] {
-          comm.allgather(
-              mine, all, std::vector<size_t>(n, n * sizeof(int64_t)));
-        });
+        if (!ex.payloads.empty()) {
+          for (int r = 0; r < n; ++r) {
+            std::memcpy(
+                matrix.data() + static_cast<size_t>(r) * n,
+                ex.payloads[r],
+                n * sizeof(int64_t));
+          }
+        } else {
+          auto mine = at::from_blob(
+              const_cast<int64_t*>(splits.data()), {n}, at::kLong);
+          guarded(comm, c, [&] {
+            comm.allgather(
+                mine, all, std::vector<size_t>(n, n * sizeof(int64_t)));
+          });
+        }
         const int me = comm.rank();
         const int64_t row = row_bytes(in);
         std::vector<int64_t> recv(n), send_bytes(n), recv_bytes(n);
@@ -344,12 +428,14 @@ Handle reducescatter_impl(
     if (o.prescale_factor() != 1.0)
       in = in.mul(o.prescale_factor());
   }
+  if (in.defined() && in.is_cpu())
+    call.payload = in;
   return submit(
       std::move(call),
       [in, o](
           Communicator& comm,
           HandleState& state,
-          const std::vector<Descriptor>&,
+          const Exchanged& ex,
           const Call& c) {
         // Dim 0 split as evenly as it goes, the first blocks one row longer.
         const int n = comm.size();
@@ -362,9 +448,17 @@ Handle reducescatter_impl(
           counts[r] = block_rows(r) * row;
         at::Tensor out =
             at::empty(shape_with_dim0(in, block_rows(me)), in.options());
-        guarded(comm, c, [&] {
-          comm.reduce_scatter(in, out, counts, backend_op(o.op()));
-        });
+        if (!ex.payloads.empty()) {
+          // Prescaled at submit: reduce this rank's block only.
+          int64_t first = 0;
+          for (int r = 0; r < me; ++r)
+            first += counts[r];
+          reduce_payloads(ex, out, o.op(), 1.0, first, counts[me]);
+        } else {
+          guarded(comm, c, [&] {
+            comm.reduce_scatter(in, out, counts, backend_op(o.op()));
+          });
+        }
         if (o.op() == ReduceOp::Average && n > 1)
           out.div_(n);
         if (o.postscale_factor() != 1.0)
@@ -381,10 +475,7 @@ Handle barrier_impl(bool blocking) {
   Call call = make_call(OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
   return submit(
       std::move(call),
-      [](Communicator&,
-         HandleState&,
-         const std::vector<Descriptor>&,
-         const Call&) {},
+      [](Communicator&, HandleState&, const Exchanged&, const Call&) {},
       {},
       blocking);
 }

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -173,6 +174,36 @@ int64_t described_bytes(const Descriptor& d) {
   for (int i = 0; i < d.ndim && i < kMaxDims; ++i)
     bytes *= d.dims[i];
   return bytes;
+}
+
+uint64_t fingerprint(const Descriptor& d) {
+  Descriptor key = d;
+  if (ragged(static_cast<OpKind>(d.kind)))
+    key.dims[0] = 0;
+  // Every field before the complaint, eight bytes at a time (unused bytes
+  // are zero on every rank): FNV-1a's step on words, then a final mix.
+  static_assert(offsetof(Descriptor, error) % sizeof(uint64_t) == 0);
+  constexpr size_t words = offsetof(Descriptor, error) / sizeof(uint64_t);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w;
+    std::memcpy(&w, reinterpret_cast<const char*>(&key) + i * 8, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+size_t inline_capacity(int ranks) {
+  if (ranks <= 16)
+    return 4096;
+  return std::max<size_t>(512, (size_t{65536} / ranks) & ~size_t{63});
+}
+
+size_t frame_bytes(int ranks) {
+  return sizeof(FrameHeader) + inline_capacity(ranks);
 }
 
 void check_descriptors(const std::vector<Descriptor>& all, int me) {

@@ -61,6 +61,36 @@ Descriptor describe(
 // The bytes of a tensor described by `d` (0 without one).
 int64_t described_bytes(const Descriptor& d);
 
+// A 64-bit hash of what must agree across ranks: the descriptor less the
+// dim 0 of a ragged collective and less the complaint. Equal for two calls
+// that check_descriptors() would accept together.
+uint64_t fingerprint(const Descriptor& d);
+
+// What each rank sends first for a checked call (see jobs.cpp): its
+// descriptor's fingerprint, its dim 0, and, for a small input, the input's
+// bytes after the header, in a frame whose size every rank of the job knows
+// without being told (frame_bytes()), so that no disagreement can make ranks
+// exchange different sizes. The full descriptors are exchanged only when the
+// frames do not settle the check: a first call, a mismatch, a complaint.
+struct FrameHeader {
+  uint32_t magic = kDescriptorMagic;
+  uint32_t flags = 0;
+  uint64_t fingerprint = 0;
+  int64_t dim0 = 0;
+  int64_t inline_bytes = 0;  // payload bytes after the header
+};
+static_assert(sizeof(FrameHeader) == 32);
+constexpr uint32_t kFrameComplaint = 1;   // this rank reports an error
+constexpr uint32_t kFrameUnverified = 2;  // not yet verified in full here
+constexpr uint32_t kFrameInline = 4;      // the payload follows the header
+
+// The payload bytes a frame carries in a job of `ranks`: 4 KiB up to 16
+// ranks, then 64 KiB / ranks (at least 512), so that a frame exchange moves
+// at most about 64 KiB per rank. (Over shared memory frames carry none:
+// see jobs.cpp.)
+size_t inline_capacity(int ranks);
+size_t frame_bytes(int ranks);
+
 // Checks every rank's descriptor (`all`, in rank order) as seen by `me`.
 // Throws c10::Error, with the same message on every rank, when the ranks
 // disagree on the call or any rank reported a problem with its input. Ranks

@@ -12,6 +12,7 @@
 
 #include <functional>
 #include <string>
+#include <cstdint>
 #include <vector>
 
 namespace ronde::detail {
@@ -24,6 +25,22 @@ struct Call {
   // The input, when it lives on a device: its device and the caller's
   // stream there decide how the job orders its work.
   at::Tensor anchor;
+  // A host tensor whose bytes may ride in the check's frame (descriptor.h):
+  // when every rank's fits, the body gets them all and the collective needs
+  // no further exchange. Read when the job starts.
+  at::Tensor payload;
+};
+
+// What the check told the body.
+struct Exchanged {
+  // Every rank's descriptor, in rank order; empty when the call skipped the
+  // check (verify false).
+  std::vector<Descriptor> all;
+  // Every rank's payload bytes, when every rank sent its payload in the
+  // frame; else empty. They point into a buffer of the thread running the
+  // job (writable, valid until its next job).
+  std::vector<uint8_t*> payloads;
+  std::vector<size_t> payload_bytes;
 };
 
 // A call on `t` (undefined for a barrier) by this rank; `error` is this
@@ -37,14 +54,9 @@ Call make_call(
     int root,
     std::string error);
 
-// The collective's own work, run by the job after the descriptor exchange;
-// `all` holds every rank's descriptor (empty when the call skipped the
-// exchange).
-using Body = std::function<void(
-    Communicator&,
-    HandleState&,
-    const std::vector<Descriptor>& all,
-    const Call&)>;
+// The collective's own work, run by the job after the check.
+using Body = std::function<
+    void(Communicator&, HandleState&, const Exchanged&, const Call&)>;
 
 // Queues the job. `uses` are tensors made on the caller's side that the job
 // reads or writes: on a device they are marked as used by the job's stream

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 namespace ronde::detail {
@@ -22,6 +23,10 @@ struct World {
   // failure themselves in time (the runtime's failure notices in the
   // store). Null in a job of one rank: nobody to blame.
   std::function<std::vector<int>()> failed_peers;
+  // The fingerprints of calls whose descriptors every rank checked in full
+  // (comm/jobs.cpp). Touched only by the running job, one at a time; every
+  // rank adds the same ones in the same order, so the sets stay equal.
+  std::unordered_set<uint64_t> verified_calls;
 
   ~World();
 };
