@@ -69,7 +69,9 @@ DistributedOptimizerOptions make_options(
     ReduceOp op,
     double gradient_predivide_factor,
     bool gradient_as_bucket_view,
-    Compression compression) {
+    Compression compression,
+    bool rebuild_buckets,
+    bool autotune) {
   return DistributedOptimizerOptions()
       .fusion_threshold_mb(fusion_threshold_mb)
       .first_bucket_mb(first_bucket_mb)
@@ -78,7 +80,9 @@ DistributedOptimizerOptions make_options(
       .op(op)
       .gradient_predivide_factor(gradient_predivide_factor)
       .gradient_as_bucket_view(gradient_as_bucket_view)
-      .compression(compression);
+      .compression(compression)
+      .rebuild_buckets(rebuild_buckets)
+      .autotune(autotune);
 }
 
 AllreduceOptions allreduce_options(
@@ -410,7 +414,9 @@ PYBIND11_MODULE(_C, m) {
                       ReduceOp op,
                       double gradient_predivide_factor,
                       bool gradient_as_bucket_view,
-                      Compression compression) {
+                      Compression compression,
+                      bool rebuild_buckets,
+                      bool autotune) {
             return std::make_unique<GradientReducer>(
                 names,
                 params,
@@ -422,7 +428,9 @@ PYBIND11_MODULE(_C, m) {
                     op,
                     gradient_predivide_factor,
                     gradient_as_bucket_view,
-                    compression));
+                    compression,
+                    rebuild_buckets,
+                    autotune));
           }),
           py::arg("names"),
           py::arg("parameters"),
@@ -434,6 +442,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("gradient_predivide_factor") = 1.0,
           py::arg("gradient_as_bucket_view") = true,
           py::arg("compression") = Compression::None,
+          py::arg("rebuild_buckets") = true,
+          py::arg("autotune") = false,
           release_gil())
       .def("synchronize", &GradientReducer::synchronize, release_gil())
       .def("synchronized", &GradientReducer::synchronized)
@@ -442,6 +452,23 @@ PYBIND11_MODULE(_C, m) {
       .def("gradient_buffers", &GradientReducer::gradient_buffers)
       .def("buckets", &GradientReducer::buckets)
       .def("last_step_profile", &GradientReducer::last_step_profile)
+      // (bucket MiB, first bucket MiB, autotuned), and its setter: what
+      // the Python optimizer's state_dict() keeps of autotune.
+      .def(
+          "bucket_sizing",
+          [](const GradientReducer& r) {
+            const BucketSizing b = r.bucket_sizing();
+            return py::make_tuple(
+                b.fusion_threshold_mb, b.first_bucket_mb, b.autotuned);
+          })
+      .def(
+          "set_bucket_sizing",
+          [](GradientReducer& r, double fusion, double first, bool tuned) {
+            r.set_bucket_sizing(BucketSizing{fusion, first, tuned});
+          },
+          py::arg("fusion_threshold_mb"),
+          py::arg("first_bucket_mb"),
+          py::arg("autotuned"))
       .def("names", &GradientReducer::names)
       .def("backward_passes_per_step", [](const GradientReducer& r) {
         return r.options().backward_passes_per_step();

@@ -82,6 +82,33 @@ TEST(DistributedOptimizer, BucketsLaunchDuringBackwardAndHooksAreReleased) {
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
+// Buckets rebuilt from the first step's ready order: equal training, an
+// earlier first launch; off, the layout stays.
+TEST(DistributedOptimizer, BucketsRebuiltFromObservedOrder) {
+  for (int np : {2, 4}) {
+    for (const char* opt : {"sgd", "adam"}) {
+      JobResult r =
+          run_job(ronde::testing::worker_spec({"rebuild", opt, "on"}, np));
+      EXPECT_TRUE(r.all_succeeded()) << r.dump();
+    }
+  }
+  JobResult off =
+      run_job(ronde::testing::worker_spec({"rebuild", "sgd", "off"}, 2));
+  EXPECT_TRUE(off.all_succeeded()) << off.dump();
+}
+
+// Autotune ends on rank 0's choice on every rank, whatever their own
+// clocks say, and checkpoints keep it.
+TEST(DistributedOptimizer, AutotuneAgreesOnRankZerosChoice) {
+  for (int np : {2, 3}) {
+    JobResult r = run_job(ronde::testing::worker_spec({"autotune"}, np));
+    EXPECT_TRUE(r.all_succeeded()) << r.dump();
+    EXPECT_NE(r.ranks[0].output.find("ronde: autotune chose bucket"),
+              std::string::npos)
+        << r.dump();
+  }
+}
+
 class TrainingAids
     : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -55,6 +55,21 @@ def test_without_bucket_views_and_small_buckets(ranks):
     assert info["buckets"][0][0].startswith("4.")
 
 
+def test_rebuild_and_autotune_options(ranks):
+    # Rebuilt (the default), kept, and tuned layouts all train alike; the
+    # bucket sizing travels in state_dict().
+    info = check_training(ranks, reference("sgd"), "fusion=0.0005",
+                          "rebuild=0")
+    assert len(info["buckets"]) > 1
+    assert info["buckets"][0][0].startswith("4.")
+    info = check_training(ranks, reference("sgd"), "fusion=0.0005",
+                          "autotune=1")
+    assert info["saved_sizing"] == info["sizing"]
+    # The search's first trial (0.5 MiB) runs; it needs more steps than this
+    # run has to choose.
+    assert info["sizing"][0] == 0.5 and info["sizing"][2] is False
+
+
 def test_lr_scaling_linear(ranks):
     info = check_training(ranks, reference("sgd", lr=0.1), "lr=0.05",
                           "lr_scaling=linear")

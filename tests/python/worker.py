@@ -21,7 +21,7 @@ def save(out, name, obj):
 
 def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
           lr_scaling="none", zero="none", amp="", inf_step="-1",
-          bucket_view="1", fusion="0"):
+          bucket_view="1", fusion="0", rebuild="1", autotune="0"):
     k, lr, inf_step = int(k), float(lr), int(inf_step)
     model = make_model()
     if rt.rank() == 1:
@@ -35,7 +35,8 @@ def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
         backward_passes_per_step=k, compression=compression,
         lr_scaling=lr_scaling, gradient_as_bucket_view=bucket_view == "1",
         fusion_threshold_mb=float(fusion) or 0.0,
-        first_bucket_mb=0.001 if fusion != "0" else 1.0)
+        first_bucket_mb=0.001 if fusion != "0" else 1.0,
+        rebuild_buckets=rebuild == "1", autotune=autotune == "1")
     rt.broadcast_optimizer_state(opt, root_rank=0)
     scaler = None
     if amp == "torch":
@@ -71,7 +72,9 @@ def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
                          for n, p in model.named_parameters()})
     save(out, "info", {"buckets": opt.buckets(), "scales": skipped,
                        "lr": [g["lr"] for g in opt.param_groups],
-                       "hooks": opt.last_step_profile().hooks})
+                       "hooks": opt.last_step_profile().hooks,
+                       "sizing": list(opt.bucket_sizing()),
+                       "saved_sizing": opt.state_dict()["ronde_bucket_sizing"]})
 
 
 def collectives(out):

@@ -151,6 +151,7 @@ TEST(Settings, ValuesAreParsed) {
        {"RONDE_FUSION_THRESHOLD", "1048576"},
        {"USE_LIBUV", "0"},
        {"RONDE_BUCKET_COPY", "multi"},
+       {"RONDE_AUTOTUNE", "1"},
        {"RONDE_LOG_ALL_RANKS", "true"},
        {"RONDE_CUDA_BACKEND", "gloo"},
        {"RONDE_TIMELINE", "/tmp/t.json"}});
@@ -162,6 +163,8 @@ TEST(Settings, ValuesAreParsed) {
   EXPECT_DOUBLE_EQ(*s.fusion_threshold_bytes, 1048576);
   EXPECT_FALSE(s.use_libuv);
   EXPECT_EQ(s.bucket_copy_whole, std::optional<bool>(false));
+  EXPECT_EQ(s.autotune, std::optional<bool>(true));
+  EXPECT_FALSE(parse({}).autotune);
   EXPECT_TRUE(s.log_all_ranks);
   EXPECT_EQ(s.cuda_backend, "gloo");
   EXPECT_EQ(s.timeline, "/tmp/t.json");

@@ -57,6 +57,35 @@ struct DistributedOptimizerOptions {
   // loading state through this object, never compounds the scaling.
   TORCH_ARG(LrScaling, lr_scaling) = LrScaling::None;
   TORCH_ARG(Compression, compression) = Compression::None;
+  // Rebuild the buckets once, at the end of the first step, in the order
+  // the gradients became ready during it (rank 0's order, on every rank),
+  // as c10d's Reducer does after its first iteration: the first bucket then
+  // holds the first gradients backward produces, whatever order the model
+  // registered its parameters in.
+  TORCH_ARG(bool, rebuild_buckets) = true;
+  // Tune fusion_threshold_mb and first_bucket_mb on the running job: from
+  // the second step, trials of autotune_warmup_steps unmeasured and
+  // autotune_steps_per_trial measured steps each try bucket sizes on a log2
+  // scale, then first-bucket sizes, then the two best and the starting
+  // sizes again (at most 15 trials; the starting sizes stay unless
+  // something was faster); rank 0 scores each by its median step time and
+  // every rank switches to rank 0's choice at the same step. One log line
+  // gives the choice and its figures; bucket_sizing() reads it and
+  // checkpoints keep it. RONDE_AUTOTUNE=1|0, when set, overrides this.
+  TORCH_ARG(bool, autotune) = false;
+  TORCH_ARG(int64_t, autotune_warmup_steps) = 1;
+  TORCH_ARG(int64_t, autotune_steps_per_trial) = 5;
+  // The clock autotune times steps with, in seconds; null: a steady clock.
+  // For tests, which inject one.
+  TORCH_ARG(std::function<double()>, autotune_clock) = nullptr;
+};
+
+// The bucket sizes the engine uses now: the options', or autotune's choice
+// once `autotuned`.
+struct BucketSizing {
+  double fusion_threshold_mb = 0;
+  double first_bucket_mb = 0;
+  bool autotuned = false;
 };
 
 // The default bucket size, from benchmarks/fusion_bench on 2 CPU ranks (see
@@ -156,6 +185,12 @@ class GradientReducer {
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> buckets() const;
   StepProfile last_step_profile() const;
+  // The bucket sizes in use (see BucketSizing).
+  BucketSizing bucket_sizing() const;
+  // Lays the buckets out with `sizing` (between steps; every rank alike):
+  // how a restored checkpoint brings back autotune's choice. An autotuned
+  // sizing ends any search still running.
+  void set_bucket_sizing(const BucketSizing& sizing);
   const DistributedOptimizerOptions& options() const;
   // The names of the parameters it reduces (requires_grad only), in the
   // order given.

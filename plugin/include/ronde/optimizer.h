@@ -70,6 +70,9 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   // Parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> buckets() const;
   StepProfile last_step_profile() const;
+  // The bucket sizes in use; save() keeps them and load() restores an
+  // autotuned choice (see GradientReducer::set_bucket_sizing()).
+  BucketSizing bucket_sizing() const;
 
  private:
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

@@ -8,6 +8,7 @@
 // see docs/architecture.md for the path of one gradient through it.
 #pragma once
 
+#include "engine/autotune.h"
 #include "engine/bucket_layout.h"
 #include "runtime/settings.h"
 
@@ -62,6 +63,8 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   std::vector<at::Tensor> gradient_buffers() const;
   std::vector<std::vector<std::string>> bucket_names() const;
   StepProfile last_profile() const;
+  BucketSizing bucket_sizing() const;
+  void set_bucket_sizing(const BucketSizing& sizing);
   const DistributedOptimizerOptions& options() const {
     return options_;
   }
@@ -105,6 +108,17 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void wait_all();
   void unpack();
   void reset_locked();
+  // Between steps: the first step's rebuild and autotune's switches.
+  void after_step_locked();
+  // The observed ready order of the first step, rank 0's on every rank.
+  std::vector<size_t> agreed_order_locked();
+  // At a trial's end: rank 0's next sizes, adopted by every rank.
+  void autotune_decide_locked();
+  // Lays the buckets out again in `order` with sizes_, keeping every .grad
+  // that is a bucket view a view (of the new bucket, same values) and every
+  // hook; nothing if the layout would not change.
+  void relayout_locked(const std::vector<size_t>& order);
+  std::vector<size_t> current_order_locked() const;
 
   const DistributedOptimizerOptions options_;
   const std::vector<std::string> names_;
@@ -120,6 +134,16 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   int64_t hooks_ = 0;
   StepProfile profile_;
   StepProfile last_profile_;
+  // The bucket sizes of the current layout, in MiB.
+  BucketSizes sizes_;
+  bool autotuned_ = false;
+  // Steps finished (synchronized, then finish_step()).
+  int64_t steps_ = 0;
+  // Parameter indices in the order they became ready in the first step,
+  // while rebuild_buckets waits for it.
+  std::vector<size_t> ready_order_;
+  std::unique_ptr<Autotuner> tuner_;  // while autotune searches
+  double last_step_end_ = 0;           // on the autotune clock
 };
 
 // The engine over those of `parameters` that require grad (names and

@@ -122,6 +122,14 @@ StepProfile GradientReducer::last_step_profile() const {
   return engine_->last_profile();
 }
 
+BucketSizing GradientReducer::bucket_sizing() const {
+  return engine_->bucket_sizing();
+}
+
+void GradientReducer::set_bucket_sizing(const BucketSizing& sizing) {
+  engine_->set_bucket_sizing(sizing);
+}
+
 const DistributedOptimizerOptions& GradientReducer::options() const {
   return engine_->options();
 }

@@ -138,6 +138,13 @@ void DistributedOptimizer::save(
     torch::serialize::OutputArchive& archive) const {
   optimizer_->save(archive);
   archive.write("ronde_base_lrs", at::tensor(base_lrs_, at::kDouble));
+  const BucketSizing b = engine_->bucket_sizing();
+  archive.write(
+      "ronde_bucket_sizing",
+      at::tensor(
+          std::vector<double>{
+              b.fusion_threshold_mb, b.first_bucket_mb, b.autotuned ? 1.0 : 0.0},
+          at::kDouble));
 }
 
 void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
@@ -150,6 +157,14 @@ void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
     for (size_t g = 0; g < base_lrs_.size(); ++g)
       base_lrs_[g] = base[g].item<double>();
   }
+  // Autotune's choice comes back; sizes that were only the options' stay
+  // the options' (which may have changed since).
+  at::Tensor sizing;
+  if (archive.try_read("ronde_bucket_sizing", sizing) && sizing.numel() == 3 &&
+      sizing[2].item<double>() != 0) {
+    engine_->set_bucket_sizing(BucketSizing{
+        sizing[0].item<double>(), sizing[1].item<double>(), true});
+  }
 }
 
 std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
@@ -158,6 +173,10 @@ std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
 
 StepProfile DistributedOptimizer::last_step_profile() const {
   return engine_->last_profile();
+}
+
+BucketSizing DistributedOptimizer::bucket_sizing() const {
+  return engine_->bucket_sizing();
 }
 
 }  // namespace ronde

@@ -96,6 +96,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_TIMELINE",
       "USE_LIBUV",
       "RONDE_BUCKET_COPY",
+      "RONDE_AUTOTUNE",
       "RONDE_LOG_ALL_RANKS",
       "RONDE_SHM",
       "RONDE_SHM_DIR",
@@ -145,6 +146,7 @@ Settings read_settings(const EnvLookup& env) {
       "' is neither 'whole' nor 'multi'");
   if (!copy.empty())
     s.bucket_copy_whole = copy == "whole";
+  s.autotune = flag(env, "RONDE_AUTOTUNE");
   s.log_all_ranks = flag(env, "RONDE_LOG_ALL_RANKS").value_or(false);
   s.shm = flag(env, "RONDE_SHM").value_or(true);
   const std::string dir = text(env, "RONDE_SHM_DIR");

@@ -47,6 +47,9 @@ struct Settings {
   std::optional<double> fusion_threshold_bytes;
   // RONDE_BUCKET_COPY: "whole" (true), "multi" (false), unset: by device.
   std::optional<bool> bucket_copy_whole;
+  // RONDE_AUTOTUNE: tune the bucket sizes on the running job (unset: the
+  // option's value).
+  std::optional<bool> autotune;
   // RONDE_LOG_ALL_RANKS: progress lines on every rank.
   bool log_all_ranks = false;
   // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.

@@ -59,6 +59,26 @@ class _DistributedOptimizer:
     def last_step_profile(self):
         return self._ronde_reducer.last_step_profile()
 
+    def bucket_sizing(self):
+        """(bucket MiB, first bucket MiB, autotuned): the sizes in use,
+        autotune's choice once it has chosen."""
+        return self._ronde_reducer.bucket_sizing()
+
+    def state_dict(self):
+        # Autotune's choice travels with the optimizer's state, as in C++.
+        state = super().state_dict()
+        state["ronde_bucket_sizing"] = list(
+            self._ronde_reducer.bucket_sizing())
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        sizing = state_dict.pop("ronde_bucket_sizing", None)
+        super().load_state_dict(state_dict)
+        if sizing is not None and sizing[2]:
+            self._ronde_reducer.set_bucket_sizing(
+                float(sizing[0]), float(sizing[1]), True)
+
     @property
     def lr_scale_factor(self):
         """The factor lr_scaling applied to the base LRs (1 without)."""
@@ -103,7 +123,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          gradient_predivide_factor=1.0,
                          gradient_as_bucket_view=True,
                          compression=_C.Compression.none,
-                         lr_scaling=_C.LrScaling.none):
+                         lr_scaling=_C.LrScaling.none,
+                         rebuild_buckets=True, autotune=False):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -121,7 +142,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     multiplies every group's LR by the number of replicas x
     backward_passes_per_step (or its square root); the base LR is kept in
     each group's "ronde_base_lr", so wrapping again never compounds it.
-    Create LR schedulers after wrapping.
+    Create LR schedulers after wrapping. ``rebuild_buckets`` and
+    ``autotune`` are the C++ options of those names (RONDE_AUTOTUNE, when
+    set, overrides ``autotune``); state_dict() keeps autotune's choice
+    under "ronde_bucket_sizing" and load_state_dict() restores it.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -164,7 +188,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         op=op,
         gradient_predivide_factor=gradient_predivide_factor,
         gradient_as_bucket_view=gradient_as_bucket_view,
-        compression=compression)
+        compression=compression,
+        rebuild_buckets=rebuild_buckets,
+        autotune=autotune)
     factor = _C.lr_scale_factor(lr_scaling, _C.size(),
                                 backward_passes_per_step)
     for group in optimizer.param_groups:

@@ -1,0 +1,151 @@
+#include "engine/autotune.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace ronde::detail {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty())
+    return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+Autotuner::Autotuner(BucketSizes start, double total_mb, int warmup, int steps)
+    : warmup_(std::max(warmup, 0)), steps_(std::max(steps, 1)), start_(start) {
+  std::vector<double> sizes;
+  double mb = 0.5;
+  for (;; mb *= 2) {
+    sizes.push_back(mb);
+    if (mb >= total_mb)
+      break;
+  }
+  if (sizes.size() > 10)
+    sizes.erase(sizes.begin(), sizes.end() - 10);
+  for (double s : sizes)
+    queue_.push_back({s, start.first_mb});
+  current_ = queue_.front();
+  queue_.erase(queue_.begin());
+  history_.push_back({current_, {}});
+}
+
+bool Autotuner::record(double seconds) {
+  if (done_)
+    return false;
+  ++seen_;
+  if (seen_ > warmup_)
+    history_.back().seconds.push_back(seconds);
+  if (seen_ < warmup_ + steps_)
+    return false;
+  seen_ = 0;
+  return true;
+}
+
+double Autotuner::score(const BucketSizes& sizes) const {
+  std::vector<double> all;
+  for (const Trial& t : history_) {
+    if (t.sizes == sizes)
+      all.insert(all.end(), t.seconds.begin(), t.seconds.end());
+  }
+  return median(all);
+}
+
+BucketSizes Autotuner::best() const {
+  BucketSizes winner = history_.front().sizes;
+  double low = -1;
+  for (const Trial& t : history_) {
+    const double s = score(t.sizes);
+    if (s > 0 && (low < 0 || s < low)) {
+      low = s;
+      winner = t.sizes;
+    }
+  }
+  return winner;
+}
+
+void Autotuner::queue_phase2() {
+  const BucketSizes b = best();
+  for (double first : {0.25, 4.0}) {
+    if (first != b.first_mb && first <= b.fusion_mb)
+      queue_.push_back({b.fusion_mb, first});
+  }
+}
+
+void Autotuner::queue_phase3() {
+  // The two best distinct sizes, by score.
+  std::vector<std::pair<double, BucketSizes>> ranked;
+  for (const Trial& t : history_) {
+    bool seen = false;
+    for (auto& r : ranked)
+      seen = seen || r.second == t.sizes;
+    if (!seen)
+      ranked.push_back({score(t.sizes), t.sizes});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first;
+  });
+  bool start_queued = false;
+  for (size_t i = 0; i < ranked.size() && i < 2; ++i) {
+    queue_.push_back(ranked[i].second);
+    start_queued = start_queued || ranked[i].second == start_;
+  }
+  // The sizes the job would have run without autotune, so that the search
+  // keeps them unless it measured something faster.
+  if (!start_queued)
+    queue_.push_back(start_);
+}
+
+BucketSizes Autotuner::next() {
+  if (done_)
+    return current_;
+  while (queue_.empty() && phase_ < 4) {
+    ++phase_;
+    if (phase_ == 2)
+      queue_phase2();
+    else if (phase_ == 3)
+      queue_phase3();
+  }
+  if (queue_.empty()) {
+    done_ = true;
+    current_ = best();
+    return current_;
+  }
+  current_ = queue_.front();
+  queue_.erase(queue_.begin());
+  history_.push_back({current_, {}});
+  return current_;
+}
+
+void Autotuner::adopt(const BucketSizes& sizes, bool done) {
+  current_ = sizes;
+  done_ = done;
+  seen_ = 0;
+  if (!done)
+    history_.push_back({sizes, {}});
+}
+
+std::string Autotuner::summary() const {
+  std::string out;
+  char line[96];
+  for (const Trial& t : history_) {
+    if (t.seconds.empty())
+      continue;
+    std::snprintf(
+        line,
+        sizeof(line),
+        "%sbucket %g MiB, first %g MiB: %.1f ms",
+        out.empty() ? "" : "; ",
+        t.sizes.fusion_mb,
+        t.sizes.first_mb,
+        median(t.seconds) * 1e3);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace ronde::detail
