@@ -3,7 +3,9 @@
 // flat buffer (pack, reduce, unpack), and (c) DistributedOptimizer's buckets
 // at several thresholds. Every mode runs the same backward pass that
 // produces the gradients, so modes differ only in how they communicate.
-// Run: `ronderun -np 2 fusion_bench [--steps 5] [--json out.json]`.
+// (d) with --autotune, DistributedOptimizer with autotune on, timed once its
+// search has chosen (the choice is in the JSON).
+// Run: `ronderun -np 2 fusion_bench [--steps 5] [--autotune] [--json F]`.
 #include <ronde/ronde.h>
 
 #include <ATen/Parallel.h>
@@ -75,7 +77,8 @@ double max_over_ranks(double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5, warmup = 2, rounds = 3;
+  int steps = 5, warmup = 2, rounds = 3, trial_steps = 5;
+  bool autotune = false;
   std::string json_path;
   std::vector<double> thresholds = {1, 4, 16, 25, 64, 128};
   for (int i = 1; i < argc; ++i) {
@@ -86,9 +89,13 @@ int main(int argc, char** argv) {
       rounds = std::stoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc)
       json_path = argv[++i];
+    else if (a == "--autotune")
+      autotune = true;
+    else if (a == "--autotune-steps" && i + 1 < argc)
+      trial_steps = std::stoi(argv[++i]);
     else {
-      std::cerr
-          << "usage: fusion_bench [--steps N] [--rounds R] [--json FILE]\n";
+      std::cerr << "usage: fusion_bench [--steps N] [--rounds R] "
+                   "[--autotune [--autotune-steps N]] [--json FILE]\n";
       return 2;
     }
   }
@@ -184,6 +191,32 @@ int main(int argc, char** argv) {
       });
     });
   }
+  // Autotune's choice in each round (the last one reported).
+  ronde::BucketSizing tuned;
+  int tuning_steps = 0;
+  if (autotune) {
+    modes.emplace_back("autotune", [&] {
+      ronde::DistributedOptimizer d(
+          std::make_shared<NoStep>(params),
+          named,
+          ronde::DistributedOptimizerOptions()
+              .autotune(true)
+              .autotune_steps_per_trial(trial_steps));
+      tuning_steps = 0;
+      while (!d.bucket_sizing().autotuned && tuning_steps < 200) {
+        d.zero_grad(false);
+        backward();
+        d.step();
+        ++tuning_steps;
+      }
+      tuned = d.bucket_sizing();
+      return time_mode([&] {
+        d.zero_grad(false);
+        backward();
+        d.step();
+      });
+    });
+  }
   std::vector<std::vector<double>> per_round(modes.size());
   for (int r = 0; r < rounds; ++r) {
     for (size_t m = 0; m < modes.size(); ++m) {
@@ -201,7 +234,7 @@ int main(int argc, char** argv) {
         per_tensor = t;
       if (n == "backward_only")
         floor = t;
-      if (n != "backward_only")
+      if (n != "backward_only" && n != "autotune")
         best = std::min(best, t);
     }
     std::printf(
@@ -223,7 +256,21 @@ int main(int argc, char** argv) {
     std::ostringstream js;
     js << "{\"benchmark\":\"fusion\",\"ranks\":" << ronde::size()
        << ",\"tensors\":" << params.size() << ",\"params\":" << total
-       << ",\"steps\":" << steps << ",\"results\":[";
+       << ",\"steps\":" << steps;
+    if (autotune) {
+      js << ",\"autotune\":{\"fusion_threshold_mb\":"
+         << tuned.fusion_threshold_mb
+         << ",\"first_bucket_mb\":" << tuned.first_bucket_mb
+         << ",\"autotuned\":" << (tuned.autotuned ? "true" : "false")
+         << ",\"tuning_steps\":" << tuning_steps
+         << ",\"steps_per_trial\":" << trial_steps << "}";
+      std::printf(
+          "# autotune chose %g MiB, first bucket %g MiB, in %d steps\n",
+          tuned.fusion_threshold_mb,
+          tuned.first_bucket_mb,
+          tuning_steps);
+    }
+    js << ",\"results\":[";
     bool first = true;
     for (auto& [n, t] : results) {
       // Time beyond the backward pass: communication not hidden by it.

@@ -214,6 +214,12 @@ def main():
     base_env.pop("RONDE_SHM", None)  # ronde: the default, shared memory
     envs = {"ronde": base_env, "ronde-gloo": dict(base_env, RONDE_SHM="0"),
             "torch": base_env, "baseline": base_env}
+    if a.baseline_build:
+        # Its own libronde first, also when its binaries' run path names
+        # the build they were copied from.
+        lib = os.path.join(os.path.abspath(a.baseline_build), "lib")
+        envs["baseline"] = dict(base_env, LD_LIBRARY_PATH=os.pathsep.join(
+            filter(None, [lib, base_env.get("LD_LIBRARY_PATH")])))
     sweep = ["-b", a.b, "-e", a.e, "-f", a.f]
     impls = ["ronde", "ronde-gloo", "torch"] + (
         ["baseline"] if a.baseline_build else [])
