@@ -408,6 +408,16 @@ int scenario_digest() {
 int scenario_mismatch() {
   ronde::init();
   const int me = ronde::rank();
+  // The shape differs on the last rank.
+  auto shape_mismatch = [&](const std::string& name) {
+    expect_error(
+        [&] {
+          int64_t cols = me == ronde::size() - 1 ? 6 : 5;
+          ronde::allreduce(
+              at::ones({4, cols}), ronde::AllreduceOptions().name(name));
+        },
+        {"disagree", "'" + name + "'", "Float[4, 5]", "Float[4, 6]"});
+  };
   // Calls every rank made before are checked by their fingerprints alone
   // (the full descriptors travel only for a first call): both shapes below
   // are known everywhere, so only the fingerprints can tell the ranks
@@ -417,15 +427,22 @@ int scenario_mismatch() {
       ronde::allreduce(
           at::ones({4, cols}), ronde::AllreduceOptions().name("known"));
   }
-  expect_error(
-      [&] {
-        int64_t cols = me == ronde::size() - 1 ? 6 : 5;
-        ronde::allreduce(
-            at::ones({4, cols}), ronde::AllreduceOptions().name("known"));
-      },
-      {"disagree", "'known'", "Float[4, 5]", "Float[4, 6]"});
-  // A complaint about a call seen before is still every rank's error.
+  shape_mismatch("known");
+  // A bad argument on one rank only (rank 1's splits) is reported on every
+  // rank.
   const int n = ronde::size();
+  auto bad_splits = [&](const std::string& name) {
+    expect_error(
+        [&] {
+          std::vector<int64_t> splits(n, 1);
+          if (me == 1)
+            splits[0] = 5;
+          ronde::alltoall(
+              at::ones({n}), ronde::AlltoallOptions().splits(splits).name(name));
+        },
+        {"rejected", "rank 1: splits sum to"});
+  };
+  // A complaint about a call seen before is still every rank's error.
   for (int i = 0; i < 2; ++i) {
     ronde::alltoall(
         at::ones({n}),
@@ -433,23 +450,9 @@ int scenario_mismatch() {
             .splits(std::vector<int64_t>(n, 1))
             .name("known"));
   }
-  expect_error(
-      [&] {
-        std::vector<int64_t> splits(n, 1);
-        if (me == 1)
-          splits[0] = 5;
-        ronde::alltoall(
-            at::ones({n}), ronde::AlltoallOptions().splits(splits).name("known"));
-      },
-      {"rejected", "rank 1: splits sum to"});
-  // Shape differs on the last rank.
-  expect_error(
-      [&] {
-        int64_t cols = me == ronde::size() - 1 ? 6 : 5;
-        ronde::allreduce(
-            at::ones({4, cols}), ronde::AllreduceOptions().name("weights"));
-      },
-      {"disagree", "'weights'", "Float[4, 5]", "Float[4, 6]"});
+  bad_splits("known");
+  // A first call with that mismatch.
+  shape_mismatch("weights");
   // Op differs.
   expect_error(
       [&] {
@@ -485,17 +488,8 @@ int scenario_mismatch() {
         ronde::allgather(at::ones({2, me + 1}));
       },
       {"disagree", "allgather"});
-  // A bad argument on one rank only is reported on every rank.
-  expect_error(
-      [&] {
-        std::vector<int64_t> splits(ronde::size(), 1);
-        if (me == 1)
-          splits[0] = 5;
-        ronde::alltoall(
-            at::ones({ronde::size()}),
-            ronde::AlltoallOptions().splits(splits).name("bad"));
-      },
-      {"rejected", "rank 1: splits sum to"});
+  // The same about a first call.
+  bad_splits("bad");
   expect_error(
       [&] { ronde::allreduce(at::ones({2}, at::kInt)); },
       {"average of integer tensors"});

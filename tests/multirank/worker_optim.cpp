@@ -121,11 +121,20 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
   return opt;
 }
 
-torch::Tensor params_flat(Net& net) {
+// Every parameter of `m`, flattened into one tensor.
+torch::Tensor params_flat(const torch::nn::Module& m) {
   std::vector<torch::Tensor> v;
-  for (auto& p : net->parameters())
+  for (auto& p : m.parameters())
     v.push_back(p.detach().reshape({-1}));
   return torch::cat(v);
+}
+
+// Replicas identical, bit for bit: every rank's `mine` equals rank 0's.
+void check_replicas_identical(const torch::Tensor& mine) {
+  auto all = ronde::allgather(mine.unsqueeze(0));
+  for (int q = 1; q < ronde::size(); ++q) {
+    CHECK_W(torch::equal(all[q], all[0]), "rank ", q, " differs from rank 0");
+  }
 }
 
 int scenario_optim(const std::string& name, const std::string& variant) {
@@ -239,8 +248,8 @@ int scenario_optim(const std::string& name, const std::string& variant) {
         "StepLR did not reach the wrapped optimizer: ",
         base->param_groups()[0].options().get_lr());
   }
-  auto mine = params_flat(net);
-  auto want = params_flat(ref);
+  auto mine = params_flat(*net);
+  auto want = params_flat(*ref);
   CHECK_W(
       torch::allclose(mine, want, 1e-5, 1e-8),
       name,
@@ -254,11 +263,7 @@ int scenario_optim(const std::string& name, const std::string& variant) {
         !net->extra->weight.grad().defined() || name == "custom",
         "unused parameter got a gradient");
   }
-  // Replicas identical, bit for bit.
-  auto all = ronde::allgather(mine.unsqueeze(0));
-  for (int q = 1; q < n; ++q) {
-    CHECK_W(torch::equal(all[q], all[0]), "rank ", q, " differs from rank 0");
-  }
+  check_replicas_identical(mine);
   std::cout << "buckets: " << opt.buckets().size() << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -360,13 +365,7 @@ int scenario_optim_overlap() {
     ronde::DistributedOptimizer opt(base, model->named_parameters());
     torch::manual_seed(100 + ronde::rank());  // different data per rank
     run_steps(opt, 3);
-    std::vector<torch::Tensor> flat;
-    for (auto& q : model->parameters())
-      flat.push_back(q.detach().reshape({-1}));
-    auto all = ronde::allgather(torch::cat(flat).unsqueeze(0));
-    for (int q = 1; q < ronde::size(); ++q) {
-      CHECK_W(torch::equal(all[q], all[0]), "replica ", q, " differs");
-    }
+    check_replicas_identical(params_flat(*model));
   }
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -683,20 +682,12 @@ int scenario_rebuild(const std::string& name, bool rebuild) {
   std::cout << "first bucket launched after " << first_launch.front()
             << " then " << first_launch.back() << " of " << hooks
             << " gradients" << std::endl;
-  auto flat = [](Shuffled& m) {
-    std::vector<torch::Tensor> v;
-    for (auto& p : m->parameters())
-      v.push_back(p.detach().reshape({-1}));
-    return torch::cat(v);
-  };
-  auto mine = flat(net), want = flat(ref);
+  auto mine = params_flat(*net), want = params_flat(*ref);
   CHECK_W(
       torch::allclose(mine, want, 1e-6, 1e-9),
       "differs from one process: ",
       (mine - want).abs().max().item<double>());
-  auto all = ronde::allgather(mine.unsqueeze(0));
-  for (int q = 1; q < n; ++q)
-    CHECK_W(torch::equal(all[q], all[0]), "rank ", q, " differs from rank 0");
+  check_replicas_identical(mine);
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }
@@ -770,16 +761,11 @@ int scenario_autotune() {
       " buckets of ",
       chosen.fusion_threshold_mb,
       " MiB");
-  auto flat = [](torch::nn::Sequential& m) {
-    std::vector<torch::Tensor> v;
-    for (auto& p : m->parameters())
-      v.push_back(p.detach().reshape({-1}));
-    return torch::cat(v);
-  };
+  const auto trained = params_flat(*model), expected = params_flat(*ref);
   CHECK_W(
-      torch::allclose(flat(model), flat(ref), 1e-4, 1e-6),
+      torch::allclose(trained, expected, 1e-4, 1e-6),
       "autotuned training differs from one process: ",
-      (flat(model) - flat(ref)).abs().max().item<float>());
+      (trained - expected).abs().max().item<float>());
   // The choice survives a checkpoint: a new optimizer that loads it does
   // not search again.
   std::stringstream saved;

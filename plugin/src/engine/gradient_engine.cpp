@@ -537,8 +537,10 @@ void GradientEngine::autotune_decide_locked() {
 
 void GradientEngine::after_step_locked() {
   ++steps_;
-  auto clock = options_.autotune_clock();
-  const double now = clock ? clock() : steady_seconds();
+  // Steps are timed only while autotune searches.
+  const auto& clock = options_.autotune_clock();
+  auto read_clock = [&] { return clock ? clock() : steady_seconds(); };
+  const double now = tuner_ ? read_clock() : 0;
   bool relayout = false;
   std::vector<size_t> order;
   if (steps_ == 1 && options_.rebuild_buckets()) {
@@ -558,7 +560,8 @@ void GradientEngine::after_step_locked() {
   if (relayout)
     relayout_locked(order.empty() ? current_order_locked() : order);
   // The next step is timed from here: a relayout's cost is not its.
-  last_step_end_ = clock ? clock() : steady_seconds();
+  if (tuner_)
+    last_step_end_ = read_clock();
 }
 
 void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
