@@ -8,6 +8,7 @@
 #include <ronde/ronde.h>
 
 #include <torch/extension.h>
+#include <pybind11/operators.h>
 
 #include <chrono>
 #include <optional>
@@ -71,7 +72,8 @@ DistributedOptimizerOptions make_options(
     bool gradient_as_bucket_view,
     Compression compression,
     bool rebuild_buckets,
-    bool autotune) {
+    bool autotune,
+    const ProcessSet& process_set) {
   return DistributedOptimizerOptions()
       .fusion_threshold_mb(fusion_threshold_mb)
       .first_bucket_mb(first_bucket_mb)
@@ -82,37 +84,50 @@ DistributedOptimizerOptions make_options(
       .gradient_as_bucket_view(gradient_as_bucket_view)
       .compression(compression)
       .rebuild_buckets(rebuild_buckets)
-      .autotune(autotune);
+      .autotune(autotune)
+      .process_set(process_set);
 }
 
 AllreduceOptions allreduce_options(
-    ReduceOp op, double prescale, double postscale, const std::string& name) {
+    ReduceOp op,
+    double prescale,
+    double postscale,
+    const std::string& name,
+    const ProcessSet& ps) {
   return AllreduceOptions()
       .op(op)
       .prescale_factor(prescale)
       .postscale_factor(postscale)
-      .name(name);
+      .name(name)
+      .process_set(ps);
 }
 
 ReducescatterOptions reducescatter_options(
-    ReduceOp op, double prescale, double postscale, const std::string& name) {
+    ReduceOp op,
+    double prescale,
+    double postscale,
+    const std::string& name,
+    const ProcessSet& ps) {
   return ReducescatterOptions()
       .op(op)
       .prescale_factor(prescale)
       .postscale_factor(postscale)
-      .name(name);
+      .name(name)
+      .process_set(ps);
 }
 
 AlltoallOptions alltoall_options(
     const std::optional<std::vector<int64_t>>& splits,
-    const std::string& name) {
+    const std::string& name,
+    const ProcessSet& ps) {
   return AlltoallOptions()
       .splits(splits.value_or(std::vector<int64_t>{}))
-      .name(name);
+      .name(name)
+      .process_set(ps);
 }
 
-CollectiveOptions named(const std::string& name) {
-  return CollectiveOptions().name(name);
+CollectiveOptions named(const std::string& name, const ProcessSet& ps) {
+  return CollectiveOptions().name(name).process_set(ps);
 }
 
 }  // namespace
@@ -152,20 +167,62 @@ PYBIND11_MODULE(_C, m) {
       .value("cosine", DecayShape::Cosine)
       .value("polynomial", DecayShape::Polynomial);
 
+  // Process sets, before anything that takes one as an argument.
+  py::class_<ProcessSet>(m, "ProcessSet")
+      .def(py::init<>())
+      .def(py::init<std::vector<int>>(), py::arg("ranks"))
+      .def_property_readonly("id", &ProcessSet::id)
+      .def_property_readonly("process_set_id", &ProcessSet::id)
+      .def_property_readonly("ranks", &ProcessSet::ranks)
+      .def("included", &ProcessSet::included)
+      .def("rank", &ProcessSet::rank)
+      .def("size", &ProcessSet::size)
+      .def("is_global", &ProcessSet::is_global)
+      .def(py::self == py::self)
+      .def(py::self != py::self)
+      .def("__hash__", [](const ProcessSet& s) {
+        return s.is_global() ? 0 : std::hash<const void*>()(s.group().get());
+      })
+      .def("__repr__", [](const ProcessSet& s) {
+        if (s.is_global())
+          return std::string("ProcessSet(global)");
+        std::string r = "ProcessSet(id=" + std::to_string(s.id()) + ", ranks=[";
+        const std::vector<int> ranks = s.ranks();
+        for (size_t i = 0; i < ranks.size(); ++i)
+          r += (i ? ", " : "") + std::to_string(ranks[i]);
+        return r + "])";
+      });
+  m.def("global_process_set", &global_process_set);
+  m.def(
+      "add_process_set",
+      [](const ProcessSet& s) { return add_process_set(s); },
+      py::arg("process_set"),
+      release_gil());
+  m.def(
+      "add_process_set",
+      [](const std::vector<int>& ranks) { return add_process_set(ranks); },
+      py::arg("ranks"),
+      release_gil());
+  m.def("remove_process_set", &remove_process_set, release_gil());
+  m.def("process_sets", &process_sets);
+
   // Runtime.
   m.def(
       "init",
       [](double timeout_seconds,
          const std::string& hostname,
-         const std::string& gloo_algorithm) {
+         const std::string& gloo_algorithm,
+         const std::vector<ProcessSet>& process_sets) {
         init(InitOptions()
                  .timeout_seconds(timeout_seconds)
                  .hostname(hostname)
-                 .gloo_algorithm(gloo_algorithm));
+                 .gloo_algorithm(gloo_algorithm)
+                 .process_sets(process_sets));
       },
       py::arg("timeout_seconds") = 0.0,
       py::arg("hostname") = "",
       py::arg("gloo_algorithm") = "",
+      py::arg("process_sets") = std::vector<ProcessSet>{},
       release_gil());
   m.def("shutdown", &shutdown, release_gil());
   m.def("is_initialized", &is_initialized);
@@ -208,14 +265,16 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
-        return allreduce(t, allreduce_options(op, pre, post, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return allreduce(t, allreduce_options(op, pre, post, name, ps));
       },
       py::arg("tensor"),
       op_arg,
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "allreduce_",
@@ -223,8 +282,9 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
-        allreduce_(t, allreduce_options(op, pre, post, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        allreduce_(t, allreduce_options(op, pre, post, name, ps));
         return t;
       },
       py::arg("tensor"),
@@ -232,6 +292,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "allreduce_async",
@@ -239,14 +300,16 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
-        return allreduce_async(t, allreduce_options(op, pre, post, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return allreduce_async(t, allreduce_options(op, pre, post, name, ps));
       },
       py::arg("tensor"),
       op_arg,
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "allreduce_async_",
@@ -254,89 +317,107 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
-        return allreduce_async_(t, allreduce_options(op, pre, post, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return allreduce_async_(t, allreduce_options(op, pre, post, name, ps));
       },
       py::arg("tensor"),
       op_arg,
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "allgather",
-      [](const at::Tensor& t, const std::string& name) {
-        return allgather(t, named(name));
+      [](const at::Tensor& t, const std::string& name,
+         const ProcessSet& ps) {
+        return allgather(t, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "allgather_async",
-      [](const at::Tensor& t, const std::string& name) {
-        return allgather_async(t, named(name));
+      [](const at::Tensor& t, const std::string& name,
+         const ProcessSet& ps) {
+        return allgather_async(t, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "broadcast",
-      [](const at::Tensor& t, int root, const std::string& name) {
-        return broadcast(t, root, named(name));
+      [](const at::Tensor& t, int root, const std::string& name,
+         const ProcessSet& ps) {
+        return broadcast(t, root, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("root_rank"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "broadcast_",
-      [](const at::Tensor& t, int root, const std::string& name) {
-        broadcast_(t, root, named(name));
+      [](const at::Tensor& t, int root, const std::string& name,
+         const ProcessSet& ps) {
+        broadcast_(t, root, named(name, ps));
         return t;
       },
       py::arg("tensor"),
       py::arg("root_rank"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "broadcast_async",
-      [](const at::Tensor& t, int root, const std::string& name) {
-        return broadcast_async(t, root, named(name));
+      [](const at::Tensor& t, int root, const std::string& name,
+         const ProcessSet& ps) {
+        return broadcast_async(t, root, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("root_rank"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "broadcast_async_",
-      [](const at::Tensor& t, int root, const std::string& name) {
-        return broadcast_async_(t, root, named(name));
+      [](const at::Tensor& t, int root, const std::string& name,
+         const ProcessSet& ps) {
+        return broadcast_async_(t, root, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("root_rank"),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "alltoall",
       [](const at::Tensor& t,
          const std::optional<std::vector<int64_t>>& splits,
-         const std::string& name) {
-        return alltoall(t, alltoall_options(splits, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return alltoall(t, alltoall_options(splits, name, ps));
       },
       py::arg("tensor"),
       py::arg("splits") = py::none(),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "alltoall_async",
       [](const at::Tensor& t,
          const std::optional<std::vector<int64_t>>& splits,
-         const std::string& name) {
-        return alltoall_async(t, alltoall_options(splits, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return alltoall_async(t, alltoall_options(splits, name, ps));
       },
       py::arg("tensor"),
       py::arg("splits") = py::none(),
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "reducescatter",
@@ -344,14 +425,16 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
-        return reducescatter(t, reducescatter_options(op, pre, post, name));
+         const std::string& name,
+         const ProcessSet& ps) {
+        return reducescatter(t, reducescatter_options(op, pre, post, name, ps));
       },
       py::arg("tensor"),
       op_arg,
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
   m.def(
       "reducescatter_async",
@@ -359,24 +442,35 @@ PYBIND11_MODULE(_C, m) {
          ReduceOp op,
          double pre,
          double post,
-         const std::string& name) {
+         const std::string& name,
+         const ProcessSet& ps) {
         return reducescatter_async(
-            t, reducescatter_options(op, pre, post, name));
+            t, reducescatter_options(op, pre, post, name, ps));
       },
       py::arg("tensor"),
       op_arg,
       py::arg("prescale_factor") = 1.0,
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
+      py::arg("process_set") = ProcessSet(),
       release_gil());
-  m.def("barrier", &barrier, release_gil());
-  m.def("barrier_async", &barrier_async, release_gil());
+  m.def(
+      "barrier",
+      [](const ProcessSet& ps) { barrier(ps); },
+      py::arg("process_set") = ProcessSet(),
+      release_gil());
+  m.def(
+      "barrier_async",
+      [](const ProcessSet& ps) { return barrier_async(ps); },
+      py::arg("process_set") = ProcessSet(),
+      release_gil());
 
   m.def(
       "broadcast_parameters",
       [](const std::vector<std::string>& names,
          const std::vector<at::Tensor>& tensors,
-         int root) {
+         int root,
+         const ProcessSet& ps) {
         TORCH_CHECK(
             names.size() == tensors.size(),
             "ronde: broadcast_parameters got ",
@@ -387,11 +481,12 @@ PYBIND11_MODULE(_C, m) {
         torch::OrderedDict<std::string, torch::Tensor> dict;
         for (size_t i = 0; i < names.size(); ++i)
           dict.insert(names[i], tensors[i]);
-        broadcast_parameters(dict, root);
+        broadcast_parameters(dict, root, ps);
       },
       py::arg("names"),
       py::arg("tensors"),
       py::arg("root_rank"),
+      py::arg("process_set") = ProcessSet(),
       release_gil());
 
   // DistributedOptimizer's check: a parameter the optimizer steps but
@@ -416,7 +511,8 @@ PYBIND11_MODULE(_C, m) {
                       bool gradient_as_bucket_view,
                       Compression compression,
                       bool rebuild_buckets,
-                      bool autotune) {
+                      bool autotune,
+                      const ProcessSet& process_set) {
             return std::make_unique<GradientReducer>(
                 names,
                 params,
@@ -430,7 +526,8 @@ PYBIND11_MODULE(_C, m) {
                     gradient_as_bucket_view,
                     compression,
                     rebuild_buckets,
-                    autotune));
+                    autotune,
+                    process_set));
           }),
           py::arg("names"),
           py::arg("parameters"),
@@ -444,6 +541,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("compression") = Compression::None,
           py::arg("rebuild_buckets") = true,
           py::arg("autotune") = false,
+          py::arg("process_set") = ProcessSet(),
           release_gil())
       .def("synchronize", &GradientReducer::synchronize, release_gil())
       .def("synchronized", &GradientReducer::synchronized)

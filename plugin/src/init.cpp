@@ -42,6 +42,9 @@ struct Runtime {
 std::mutex g_init_mutex;
 // Deliberately never destroyed at exit, like the World.
 Runtime* g_runtime = nullptr;
+// Counts init() calls: a process set made under one is not part of the
+// next (World::epoch).
+uint64_t g_epoch = 0;
 
 constexpr double kDefaultTimeoutSeconds = 30.0;
 
@@ -80,6 +83,7 @@ std::unique_ptr<World> connect(
   auto w = std::make_unique<World>();
   w->rank = info.rank;
   w->size = info.size;
+  w->blocking_wait = settings.blocking_wait;
   if (info.size > 1) {
     rt.store = join_store(info, settings, rt.timeout);
     config.store = rt.store;
@@ -120,16 +124,27 @@ std::unique_ptr<World> connect(
                                            : "ring";
     // The store outlives the World: shutdown() destroys the World first.
     c10d::Store* store = rt.store.get();
-    w->failed_peers = [store, info, timeout = rt.timeout] {
-      return failed_peers(*store, info, timeout);
+    w->failed_peers = [store, info, timeout = rt.timeout](
+                          const std::vector<int>& among) {
+      return failed_peers(*store, info, timeout, among);
     };
   }
+  std::vector<int> everyone(info.size);
+  for (int r = 0; r < info.size; ++r)
+    everyone[r] = r;
+  auto global = std::make_shared<Group>(std::move(everyone));
+  global->id = 0;
+  global->rank = info.rank;
+  global->size = info.size;
   try {
-    w->comm = make_communicator(config);
+    global->comm = make_communicator(config);
   } catch (const BackendFailure& e) {
     throw rendezvous_error(info, error_text(e));
   }
-  w->worker = std::make_unique<CommWorker>(*w->comm, settings.blocking_wait);
+  global->worker =
+      std::make_unique<CommWorker>(*global->comm, settings.blocking_wait);
+  w->global = std::move(global);
+  w->config = std::move(config);
   return w;
 }
 
@@ -149,31 +164,52 @@ void ignore_sigpipe() {
 }
 
 }  // namespace
+
+// init() under its lock, without the process sets.
+void init_locked(const InitOptions& options);
+
 }  // namespace detail
 
 void init(const InitOptions& options) {
-  std::lock_guard<std::mutex> lock(detail::g_init_mutex);
-  if (detail::g_runtime != nullptr)
-    return;
-  const detail::Settings settings =
-      detail::read_settings(detail::process_env());
-  auto rt = std::make_unique<detail::Runtime>();
-  rt->info = detail::parse_launch_env(detail::process_env());
-  rt->timeout = std::chrono::milliseconds(static_cast<int64_t>(
-      detail::resolve_timeout(options, settings) * 1000.0));
+  {
+    std::lock_guard<std::mutex> lock(detail::g_init_mutex);
+    if (detail::g_runtime != nullptr)
+      return;
+    detail::init_locked(options);
+  }
+  // The sets asked for at init(), created in the order given, as
+  // add_process_set() would; a failure leaves the job as before init().
+  try {
+    for (const ProcessSet& set : options.process_sets())
+      add_process_set(set);
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+namespace detail {
+void init_locked(const InitOptions& options) {
+  const Settings settings = read_settings(process_env());
+  auto rt = std::make_unique<Runtime>();
+  rt->info = parse_launch_env(process_env());
+  rt->timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(resolve_timeout(options, settings) * 1000.0));
   if (rt->info.size > 1)
-    detail::ignore_sigpipe();
+    ignore_sigpipe();
   std::unique_ptr<detail::World> world =
       detail::connect(*rt, options, settings);
+  world->epoch = ++detail::g_epoch;
   if (rt->info.size > 1) {
-    detail::World* w = world.get();  // destroyed after the inspector
+    // Destroyed after the inspector.
+    detail::Group* g = world->global.get();
     rt->inspector = std::make_unique<detail::StallInspector>(
         rt->store,
         rt->info,
         detail::stall_options(settings),
         detail::StallWatch{
-            [w] { return w->worker->progress(); },
-            [w] { w->comm->interrupt(); }});
+            [g] { return g->worker->progress(); },
+            [g] { g->comm->interrupt(); }});
   }
   detail::install_settings(settings);
   detail::install_world(std::move(world));
@@ -181,6 +217,7 @@ void init(const InitOptions& options) {
   if (!settings.timeline.empty())
     start_timeline(settings.timeline);
 }
+}  // namespace detail
 
 void shutdown() {
   std::lock_guard<std::mutex> lock(detail::g_init_mutex);
@@ -188,11 +225,13 @@ void shutdown() {
     return;
   std::unique_ptr<detail::Runtime> rt(detail::g_runtime);
   detail::World& w = detail::world("shutdown");
-  // The last barrier keeps rank 0's store and every connection alive until
-  // all ranks are done with them. A broken job skips it with a warning.
+  // Every added set finishes what it queued; the last barrier then keeps
+  // rank 0's store and every connection alive until all ranks are done
+  // with them. A broken job skips it with a warning.
+  detail::stop_added_sets(w);
   if (rt->info.size > 1) {
     try {
-      w.worker
+      w.global->worker
           ->submit(
               [](detail::Communicator& c, detail::HandleState&) {
                 c.barrier();
@@ -207,9 +246,10 @@ void shutdown() {
     }
   }
   rt->inspector.reset();
+  detail::close_added_sets(w);
   // Drains the queue while the World is still installed (a failing job
   // looks it up to name suspects), then takes it down.
-  w.worker.reset();
+  w.global->worker.reset();
   detail::remove_world().reset();
   rt->store.reset();
   detail::g_runtime = nullptr;
@@ -259,7 +299,7 @@ c10::Device device() {
 
 std::string host_backend() {
   detail::runtime("host_backend");
-  return detail::world("host_backend").comm->backend();
+  return detail::world("host_backend").global->comm->backend();
 }
 
 bool nccl_built() {

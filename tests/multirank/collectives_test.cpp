@@ -33,6 +33,15 @@ bool contains(const std::string& s, const std::string& needle) {
   return s.find(needle) != std::string::npos;
 }
 
+// The ranks a survivor's CommError suspected (its "SUSPECTS:" line, each
+// preceded by a space); "none" when it printed no such line.
+std::string suspects_of(const std::string& output) {
+  auto at = output.find("SUSPECTS:");
+  if (at == std::string::npos)
+    return "none";
+  return output.substr(at + 9, output.find('\n', at) - at - 9);
+}
+
 std::vector<std::string> entries(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(dir))
@@ -86,6 +95,14 @@ class Collectives : public ::testing::TestWithParam<std::tuple<Backend, int>> {
   bool on_shm() const {
     return std::get<0>(GetParam()).host_backend == "shm";
   }
+  // A scenario in which the last rank kills itself: a short collective
+  // timeout, and the test's own well above it.
+  JobResult run_killed_job(const std::string& scenario) {
+    JobSpec s = job(scenario);
+    s.env["RONDE_TIMEOUT_SECONDS"] = "20";
+    s.timeout = std::chrono::seconds(60);
+    return run_job(s);
+  }
   void TearDown() override {
     EXPECT_TRUE(entries(shm_dir_.path).empty())
         << "left in the shared-memory directory: "
@@ -114,10 +131,7 @@ TEST_P(Collectives, MismatchFailsOnEveryRankAndRecovers) {
 }
 
 TEST_P(Collectives, KilledPeerFailsOthersWithinTimeout) {
-  JobSpec s = job("kill_peer");
-  s.env["RONDE_TIMEOUT_SECONDS"] = "20";
-  s.timeout = std::chrono::seconds(60);
-  JobResult r = run_job(s);
+  JobResult r = run_killed_job("kill_peer");
   ASSERT_FALSE(r.timed_out) << r.dump();
   const int n = std::get<1>(GetParam());
   int named_dead = 0;
@@ -135,10 +149,8 @@ TEST_P(Collectives, KilledPeerFailsOthersWithinTimeout) {
     // Every survivor names someone it could not hear from. (A survivor whose
     // failure notice arrives after rank 0, which hosts the store, has exited
     // may name rank 0 instead of the dead rank: suspects are a hint.)
-    auto at = rank.output.find("SUSPECTS:");
-    ASSERT_NE(at, std::string::npos) << r.dump();
-    std::string suspects =
-        rank.output.substr(at + 9, rank.output.find('\n', at) - at - 9);
+    const std::string suspects = suspects_of(rank.output);
+    EXPECT_NE(suspects, "none") << r.dump();
     EXPECT_FALSE(suspects.empty()) << r.dump();
     if (contains(suspects, std::to_string(n - 1)))
       ++named_dead;
@@ -179,6 +191,58 @@ INSTANTIATE_TEST_SUITE_P(
     Collectives,
     ::testing::Combine(
         ::testing::Values(kShm, kShmSplit, kGloo), ::testing::Values(2, 3, 4)),
+    [](const auto& info) {
+      return std::get<0>(info.param).name + "_" +
+             std::to_string(std::get<1>(info.param));
+    });
+
+// Two halves of the job run every collective at once, each on its own
+// set (of one rank at 2 and 3 ranks), then overlapping sets one after the
+// other, and the error cases (worker.cpp, scenario_process_sets).
+class ProcessSets : public Collectives {};
+
+TEST_P(ProcessSets, EveryCollectiveOnDisjointAndOverlappingSets) {
+  JobResult r = run_job(job("process_sets"));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+  for (const auto& rank : r.ranks) {
+    EXPECT_TRUE(contains(rank.output, "ERROR_SEEN: ronde: add_process_set"))
+        << r.dump();
+  }
+}
+
+TEST_P(ProcessSets, DeadMemberFailsTheSetWithCommError) {
+  JobResult r = run_killed_job("kill_in_set");
+  ASSERT_FALSE(r.timed_out) << r.dump();
+  const int n = std::get<1>(GetParam());
+  for (const auto& rank : r.ranks) {
+    if (rank.rank == n - 1) {
+      EXPECT_EQ(rank.signal, SIGKILL) << r.dump();
+      continue;
+    }
+    EXPECT_EQ(rank.exit_code, 3) << r.dump();
+    if (rank.rank == 0)
+      continue;  // outside the set: its barrier failed
+    EXPECT_TRUE(contains(
+        rank.output,
+        "COMM_ERROR: ronde: allreduce of 'in_set' failed on rank " +
+            std::to_string(rank.rank)))
+        << r.dump();
+    EXPECT_TRUE(contains(rank.output, "process set 1 [")) << r.dump();
+    const std::string suspects = suspects_of(rank.output);
+    EXPECT_NE(suspects, "none") << r.dump();
+    EXPECT_FALSE(contains(suspects, " 0")) << "rank 0 is not in the set\n"
+                                           << r.dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends,
+    ProcessSets,
+    ::testing::Values(
+        std::tuple{kShm, 2},
+        std::tuple{kShm, 3},
+        std::tuple{kShm, 4},
+        std::tuple{kGloo, 4}),
     [](const auto& info) {
       return std::get<0>(info.param).name + "_" +
              std::to_string(std::get<1>(info.param));

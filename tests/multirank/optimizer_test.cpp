@@ -109,6 +109,15 @@ TEST(DistributedOptimizer, AutotuneAgreesOnRankZerosChoice) {
   }
 }
 
+// Two halves of the job train two models at once, each over its own
+// process set, each equal to one process over its half's data.
+TEST(DistributedOptimizer, TwoModelsOnTwoProcessSets) {
+  for (int np : {2, 3, 4}) {
+    JobResult r = run_job(ronde::testing::worker_spec({"two_models"}, np));
+    EXPECT_TRUE(r.all_succeeded()) << "np " << np << "\n" << r.dump();
+  }
+}
+
 class TrainingAids
     : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -119,8 +119,8 @@ const std::vector<at::ScalarType> kFloatTypes = {
 const std::vector<at::ScalarType> kIntTypes = {
     at::kChar, at::kByte, at::kShort, at::kInt, at::kLong};
 
-void check_allreduce() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_allreduce(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   int64_t seed = 1;
   std::vector<ronde::ReduceOp> ops = {
       ronde::ReduceOp::Sum,
@@ -146,7 +146,7 @@ void check_allreduce() {
         at::Tensor before = x.clone();
         at::Tensor got = ronde::allreduce(
             x,
-            ronde::AllreduceOptions().op(op).name("t" + std::to_string(seed)));
+            ronde::AllreduceOptions().process_set(ps).op(op).name("t" + std::to_string(seed)));
         at::Tensor want = reference_reduce(n, seed, shape, dtype, op);
         CHECK_W(
             close(got, want),
@@ -163,7 +163,7 @@ void check_allreduce() {
         at::Tensor col_before = base.select(1, 1).clone();
         if (shape.size() == 1) {
           at::Tensor col_input = col.clone();
-          ronde::allreduce_(col, ronde::AllreduceOptions().op(op));
+          ronde::allreduce_(col, ronde::AllreduceOptions().process_set(ps).op(op));
           auto wide_ref = [&] {
             // Reference for the column: reduce every rank's column.
             auto w = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
@@ -207,7 +207,7 @@ void check_allreduce() {
   at::Tensor x = input_for(me, 999, {10}, at::kFloat);
   at::Tensor got = ronde::allreduce(
       x,
-      ronde::AllreduceOptions()
+      ronde::AllreduceOptions().process_set(ps)
           .op(ronde::ReduceOp::Sum)
           .prescale_factor(0.5)
           .postscale_factor(3.0));
@@ -216,13 +216,13 @@ void check_allreduce() {
   CHECK_W(close(got, want), "prescale/postscale");
 }
 
-void check_allgather() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_allgather(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong, at::kByte}) {
     // Dim 0 differs per rank (rank 1 sends nothing).
     int64_t rows = me == 1 ? 0 : me + 2;
     at::Tensor x = input_for(me, 5, {rows, 3}, dtype);
-    at::Tensor got = ronde::allgather(x, ronde::CollectiveOptions().name("g"));
+    at::Tensor got = ronde::allgather(x, ronde::CollectiveOptions().process_set(ps).name("g"));
     std::vector<at::Tensor> parts;
     for (int r = 0; r < n; ++r) {
       parts.push_back(input_for(r, 5, {r == 1 ? 0 : r + 2, 3}, dtype));
@@ -236,30 +236,30 @@ void check_allgather() {
   for (int r = 0; r < n; ++r)
     parts.push_back(input_for(r, 6, {rows_of(r), 3}, at::kFloat));
   CHECK_W(
-      at::equal(ronde::allgather(x), at::cat(parts, 0)), "allgather mixed");
+      at::equal(ronde::allgather(x, ronde::CollectiveOptions().process_set(ps)), at::cat(parts, 0)), "allgather mixed");
 }
 
-void check_broadcast() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_broadcast(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   for (int root = 0; root < n; ++root) {
     for (auto dtype : {at::kFloat, at::kHalf, at::kInt}) {
       // Small and large: carried by the check, or broadcast after it.
       const int64_t rows = dtype == at::kHalf ? 400 : 4;
       at::Tensor x = input_for(me, 40 + root, {rows, 5}, dtype);
       at::Tensor want = input_for(root, 40 + root, {rows, 5}, dtype);
-      at::Tensor got = ronde::broadcast(x, root);
+      at::Tensor got = ronde::broadcast(x, root, ronde::CollectiveOptions().process_set(ps));
       CHECK_W(at::equal(got, want), "broadcast root ", root);
       CHECK_W(
           at::equal(x, input_for(me, 40 + root, {rows, 5}, dtype)),
           "out-of-place broadcast changed its input");
-      ronde::broadcast_(x, root);
+      ronde::broadcast_(x, root, ronde::CollectiveOptions().process_set(ps));
       CHECK_W(at::equal(x, want), "broadcast_ root ", root);
     }
   }
 }
 
-void check_alltoall() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_alltoall(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   // Rank r sends (r + d) % 3 rows to rank d.
   auto splits_of = [&](int r) {
     std::vector<int64_t> s;
@@ -276,7 +276,7 @@ void check_alltoall() {
   for (auto dtype : {at::kFloat, at::kLong}) {
     at::Tensor x = input_for(me, 77, {rows_of(me), 2}, dtype);
     auto h = ronde::alltoall_async(
-        x, ronde::AlltoallOptions().splits(splits_of(me)));
+        x, ronde::AlltoallOptions().process_set(ps).splits(splits_of(me)));
     at::Tensor got = h.result();
     std::vector<at::Tensor> parts;
     std::vector<int64_t> want_splits;
@@ -294,7 +294,7 @@ void check_alltoall() {
   }
   // Even split by default.
   at::Tensor x = at::arange(2 * n, at::kLong) + 100 * me;
-  at::Tensor got = ronde::alltoall(x);
+  at::Tensor got = ronde::alltoall(x, ronde::AlltoallOptions().process_set(ps));
   std::vector<at::Tensor> parts;
   for (int r = 0; r < n; ++r) {
     parts.push_back(at::arange(2 * me, 2 * me + 2, at::kLong) + 100 * r);
@@ -302,12 +302,12 @@ void check_alltoall() {
   CHECK_W(at::equal(got, at::cat(parts, 0)), "alltoall even");
 }
 
-void check_reducescatter() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_reducescatter(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   for (int64_t rows :
        {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1), int64_t(400 * n + 1)}) {
     at::Tensor x = input_for(me, 300 + rows, {rows, 3}, at::kFloat);
-    at::Tensor got = ronde::reducescatter(x);
+    at::Tensor got = ronde::reducescatter(x, ronde::ReducescatterOptions().process_set(ps));
     at::Tensor full = reference_reduce(
         n, 300 + rows, {rows, 3}, at::kFloat, ronde::ReduceOp::Average);
     int64_t base = rows / n, extra = rows % n;
@@ -317,14 +317,14 @@ void check_reducescatter() {
   }
 }
 
-void check_async() {
-  const int n = ronde::size(), me = ronde::rank();
+void check_async(const ronde::ProcessSet& ps = {}) {
+  const int n = ps.size(), me = ps.rank();
   std::vector<ronde::Handle> handles;
   std::vector<at::Tensor> inputs;
   for (int i = 0; i < 8; ++i) {
     inputs.push_back(input_for(me, 500 + i, {1000 + i}, at::kFloat));
     handles.push_back(ronde::allreduce_async(
-        inputs.back(), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum)));
+        inputs.back(), ronde::AllreduceOptions().process_set(ps).op(ronde::ReduceOp::Sum)));
   }
   for (int i = 7; i >= 0; --i) {
     CHECK_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
@@ -337,8 +337,8 @@ void check_async() {
         "async allreduce ",
         i);
   }
-  ronde::barrier_async().wait();
-  ronde::barrier();
+  ronde::barrier_async(ps).wait();
+  ronde::barrier(ps);
 }
 
 int scenario_collectives() {
@@ -371,6 +371,119 @@ int scenario_collectives() {
   check_reducescatter();
   check_async();
   ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// Process sets: the job in two halves (sets of one rank at 2 and 3 ranks),
+// each running every collective at once, against references computed with
+// the set's own numbering; an overlapping set after them; the errors.
+int scenario_process_sets() {
+  // Ranks 0..n/2-1, given to init() before it knows n: from the env.
+  const int n_env = std::atoi(std::getenv("RONDE_SIZE"));
+  std::vector<int> low, high;
+  for (int r = 0; r < n_env; ++r)
+    (r < n_env / 2 ? low : high).push_back(r);
+  ronde::ProcessSet first(low);
+  CHECK_W(first.id() == -1, "a set before init() has an id");
+  ronde::init(ronde::InitOptions().process_sets({first}));
+  const int n = ronde::size(), me = ronde::rank();
+  CHECK_W(first.id() == 1, "init() gave the first set id ", first.id());
+  ronde::ProcessSet second = ronde::add_process_set(high);
+  CHECK_W(second.id() == 2, "second set id ", second.id());
+  CHECK_W(ronde::process_sets().size() == 3, "three sets");
+  CHECK_W(ronde::process_sets()[0].is_global(), "global set first");
+  const bool in_first = me < n / 2;
+  ronde::ProcessSet& mine = in_first ? first : second;
+  ronde::ProcessSet& other = in_first ? second : first;
+  CHECK_W(mine.included() && !other.included(), "included()");
+  CHECK_W(
+      mine.rank() == (in_first ? me : me - n / 2) &&
+          mine.size() == static_cast<int>((in_first ? low : high).size()),
+      "set rank ", mine.rank(), " size ", mine.size());
+  CHECK_W(mine.ranks() == (in_first ? low : high), "ranks()");
+  // Both halves at once, each in its own order.
+  check_allreduce(mine);
+  check_allgather(mine);
+  check_broadcast(mine);
+  check_alltoall(mine);
+  check_reducescatter(mine);
+  check_async(mine);
+  // The job's own collectives meanwhile still span every rank.
+  at::Tensor total = ronde::allreduce(
+      at::full({1}, static_cast<double>(me), at::kDouble),
+      ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  CHECK_W(total.item<double>() == n * (n - 1) / 2.0, "global sum");
+
+  // An async collective on one set, a global one, then the wait: sets run
+  // on workers of their own.
+  at::Tensor big = at::full({1 << 16}, 1.0f);
+  ronde::Handle h = ronde::allreduce_async(
+      big,
+      ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).process_set(mine));
+  ronde::barrier();
+  CHECK_W(
+      at::equal(h.result(), at::full({1 << 16}, float(mine.size()))),
+      "async on a set across a global barrier");
+
+  // A rank outside a set calling on it: an error here, nowhere else.
+  expect_error(
+      [&] { ronde::allreduce(at::ones({2}), ronde::AllreduceOptions().process_set(other)); },
+      {"allreduce on process set " + std::to_string(other.id()),
+       "called on rank " + std::to_string(me), "not in the set"});
+
+  // A mismatch within a set fails on its members, naming the set.
+  if (mine.size() > 1) {
+    expect_error(
+        [&] {
+          const int64_t cols = mine.rank() == mine.size() - 1 ? 3 : 2;
+          ronde::allreduce(
+              at::ones({cols}),
+              ronde::AllreduceOptions().name("odd").process_set(mine));
+        },
+        {"disagree", "'odd'", "process set " + std::to_string(mine.id())});
+  }
+
+  // Overlapping sets, one after the other: every rank but 0, then all.
+  std::vector<int> tail;
+  for (int r = 1; r < n; ++r)
+    tail.push_back(r);
+  ronde::ProcessSet rest = ronde::add_process_set(tail);
+  if (rest.included()) {
+    check_allreduce(rest);
+    check_broadcast(rest);
+  }
+  std::vector<int> backwards;
+  for (int r = n - 1; r >= 0; --r)
+    backwards.push_back(r);
+  ronde::ProcessSet all = ronde::add_process_set(ronde::ProcessSet(backwards));
+  check_allgather(all);
+  CHECK_W(all.ranks()[0] == 0 && all.size() == n, "ranks sorted");
+  ronde::remove_process_set(rest);
+  expect_error(
+      [&] { ronde::barrier(rest); }, {"was removed"});
+  CHECK_W(ronde::process_sets().size() == 4, "after one removal");
+
+  // Creations that differ between ranks fail on every rank, naming each
+  // rank's request; the job goes on.
+  expect_error(
+      [&] { ronde::add_process_set(me == 0 ? std::vector<int>{0} : std::vector<int>{0, 1}); },
+      {"add_process_set", "did not all make the same call", "rank 0 [0]",
+       "rank 1 [0, 1]"});
+  expect_error(
+      [&] { ronde::add_process_set({0, n}); },
+      {"rank " + std::to_string(n) + " is outside [0, " + std::to_string(n) + ")"});
+  expect_error([&] { ronde::add_process_set(first); }, {"created already"});
+  expect_error(
+      [&] { ronde::remove_process_set(ronde::global_process_set()); },
+      {"cannot be removed"});
+  // Ids are never reused.
+  ronde::ProcessSet again = ronde::add_process_set(low);
+  CHECK_W(again.id() == 5, "ids count up: ", again.id());
+  if (again.included())
+    check_reducescatter(again);
+  ronde::shutdown();
+  // A set of a finished job is not part of the next one.
+  CHECK_W(first.id() == -1, "a set outlived shutdown()");
   return ronde::testing::scenario_exit_code();
 }
 
@@ -505,6 +618,15 @@ int scenario_mismatch() {
   return ronde::testing::scenario_exit_code();
 }
 
+// This process dies of SIGKILL 30 ms from now, in whatever it is doing.
+void kill_self_soon() {
+  std::thread killer([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ::kill(::getpid(), SIGKILL);
+  });
+  killer.detach();
+}
+
 // The last rank dies (SIGKILL) while a large all-reduce is in flight; the
 // others must fail with a CommError naming the operation, within the timeout.
 int scenario_kill_peer() {
@@ -512,13 +634,8 @@ int scenario_kill_peer() {
   const int me = ronde::rank(), n = ronde::size();
   ronde::barrier();
   at::Tensor big = at::ones({32 << 20});  // 128 MiB: long enough to be mid-way
-  if (me == n - 1) {
-    std::thread killer([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      ::kill(::getpid(), SIGKILL);
-    });
-    killer.detach();
-  }
+  if (me == n - 1)
+    kill_self_soon();
   try {
     for (int i = 0; i < 50; ++i) {
       ronde::allreduce_(big, ronde::AllreduceOptions().name("big"));
@@ -535,6 +652,43 @@ int scenario_kill_peer() {
     } catch (const ronde::CommError& later) {
       std::cout << "LATER: " << later.what() << std::endl;
     }
+    ronde::shutdown();
+    return 3;
+  }
+}
+
+// A member of a process set dies mid-collective: the other member fails
+// with a CommError naming the set, its suspects taken among the set's
+// ranks; the rank outside the set learns of it at its next job collective.
+int scenario_kill_in_set() {
+  ronde::init();
+  const int me = ronde::rank(), n = ronde::size();
+  std::vector<int> members;
+  for (int r = 1; r < n; ++r)
+    members.push_back(r);
+  ronde::ProcessSet set = ronde::add_process_set(members);
+  ronde::barrier();
+  if (me == n - 1)
+    kill_self_soon();
+  try {
+    if (set.included()) {
+      at::Tensor big = at::ones({32 << 20});
+      for (int i = 0; i < 50; ++i) {
+        ronde::allreduce_(
+            big, ronde::AllreduceOptions().name("in_set").process_set(set));
+      }
+    } else {
+      for (int i = 0; i < 50; ++i)
+        ronde::barrier();
+    }
+    std::cout << "NO_ERROR" << std::endl;
+    return 1;
+  } catch (const ronde::CommError& e) {
+    ronde::testing::print_comm_error(e);
+    // Rank 0 hosts the store: it stays while the members look for each
+    // other's failure notices there.
+    if (!set.included())
+      std::this_thread::sleep_for(std::chrono::seconds(4));
     ronde::shutdown();
     return 3;
   }
@@ -614,10 +768,14 @@ int main(int argc, char** argv) {
       return scenario_collectives();
     if (name == "mismatch")
       return scenario_mismatch();
+    if (name == "process_sets")
+      return scenario_process_sets();
     if (name == "digest")
       return scenario_digest();
     if (name == "kill_peer")
       return scenario_kill_peer();
+    if (name == "kill_in_set")
+      return scenario_kill_in_set();
     if (name == "hold")
       return scenario_hold(argc > 2 ? argv[2] : "/tmp");
     if (name == "intruder")

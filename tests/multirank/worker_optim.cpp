@@ -825,6 +825,94 @@ int scenario_train_until_killed() {
 }
 
 // Returns -1 for a name that is not an optimizer scenario.
+// Two halves of the job train two models at once, each averaging over its
+// own process set (sets of one rank at 2 and 3 ranks): each model equals
+// one process trained on its half's global batch, with the LR scaled by the
+// half's size; the job's own collectives run between the steps.
+int scenario_two_models() {
+  ronde::init();
+  const int n = ronde::size(), me = ronde::rank();
+  std::vector<int> low, high;
+  for (int q = 0; q < n; ++q)
+    (q < n / 2 ? low : high).push_back(q);
+  ronde::ProcessSet a = ronde::add_process_set(low);
+  ronde::ProcessSet b = ronde::add_process_set(high);
+  const bool in_a = me < n / 2;
+  const ronde::ProcessSet& set = in_a ? a : b;
+  const ronde::ProcessSet& other = in_a ? b : a;
+  const int m = set.size(), r = set.rank();
+  const std::string name = in_a ? "sgd" : "adam";
+  const int64_t rows = 4;
+  const int steps = 12;
+  torch::manual_seed(in_a ? 7 : 8);
+  torch::Tensor X = torch::randn({m * rows, 8}, torch::kDouble);
+  torch::Tensor Y = torch::randn({m * rows, 4}, torch::kDouble);
+
+  Net ref = make_net(true);
+  auto ref_opt = make_optimizer(name, ref, false);
+  for (auto& g : ref_opt->param_groups())
+    g.options().set_lr(g.options().get_lr() * m);
+  for (int s = 0; s < steps; ++s) {
+    ref_opt->zero_grad();
+    torch::mse_loss(ref->forward(X), Y).backward();
+    ref_opt->step();
+  }
+
+  // Ranks start apart but for each set's first; its broadcast fixes that.
+  Net net = make_net(true);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : net->parameters())
+      p.add_(r);
+  }
+  ronde::broadcast_parameters(net->named_parameters(), 0, set);
+  auto base = make_optimizer(name, net, false);
+  ronde::DistributedOptimizer opt(
+      base,
+      net->named_parameters(),
+      ronde::DistributedOptimizerOptions()
+          .process_set(set)
+          .lr_scaling(ronde::LrScaling::Linear)
+          .fusion_threshold_mb(0.001)
+          .first_bucket_mb(0.0005));
+  ronde::broadcast_optimizer_state(opt, 0, set);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    torch::mse_loss(
+        net->forward(X.narrow(0, r * rows, rows)), Y.narrow(0, r * rows, rows))
+        .backward();
+    opt.step();
+    at::Tensor count = ronde::allreduce(
+        torch::ones({1}), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+    CHECK_W(count.item<float>() == n, "global allreduce between steps");
+  }
+  auto mine = params_flat(*net);
+  auto want = params_flat(*ref);
+  CHECK_W(
+      torch::allclose(mine, want, 1e-5, 1e-8),
+      name,
+      " on process set ",
+      set.id(),
+      " differs from the single-process reference: max abs diff ",
+      (mine - want).abs().max().item<double>());
+  auto all = ronde::allgather(
+      mine.unsqueeze(0), ronde::CollectiveOptions().process_set(set));
+  for (int q = 1; q < m; ++q)
+    CHECK_W(torch::equal(all[q], all[0]), "set rank ", q, " differs");
+  // A rank outside a set cannot build an optimizer for it.
+  Net stray = make_net(true);
+  expect_error(
+      [&] {
+        ronde::DistributedOptimizer bad(
+            make_optimizer("sgd", stray, false),
+            stray->named_parameters(),
+            ronde::DistributedOptimizerOptions().process_set(other));
+      },
+      {"not in its process set"});
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
 int run_optim_scenario(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "";
   if (name == "optim") {
@@ -851,5 +939,7 @@ int run_optim_scenario(int argc, char** argv) {
   }
   if (name == "autotune")
     return scenario_autotune();
+  if (name == "two_models")
+    return scenario_two_models();
   return -1;
 }

@@ -127,6 +127,32 @@ def test_collectives_and_async_handles(ranks):
             res["reducescatter"], torch.tensor([4.0 * r + 1, 4.0 * r + 3]))
 
 
+def test_process_sets(ranks):
+    ranks.run("process_sets", np=4)
+    ref = reference("sgd", size=2)
+    want = {"allreduce": ([3.0] * 3, [7.0] * 3), "allgather": ([0, 1], [2, 3]),
+            "broadcast": ([1.0], [3.0])}
+    for r in range(4):
+        res = ranks.load("sets", r)
+        half, sr = r // 2, r % 2
+        assert res["ids"] == (1, 2)
+        assert res["included"] and not res["other_included"]
+        assert (res["set_rank"], res["set_size"]) == (sr, 2)
+        assert res["ranks"] == [2 * half, 2 * half + 1]
+        assert res["repr"] == f"ProcessSet(id={half + 1}, ranks={res['ranks']})"
+        assert res["global"] and res["sets"] == 3 and res["sets_after"] == 2
+        for key, values in want.items():
+            assert res[key].tolist() == values[half], (r, key)
+        base = 20.0 * half + sr
+        assert res["alltoall"].tolist() == [base, base + 10]
+        assert res["reducescatter"].tolist() == [[1.0, 3.0], [5.0, 7.0]][half][sr:sr + 1]
+        assert res["async"].tolist() == [2.0, 2.0]
+        assert res["object"] == {"from": 2 * half + 1}
+        assert "not in the set" in res["outside"]
+        # Each half trained its own replica of the two-rank run.
+        assert_params_close(ranks.load("params", r), ref)
+
+
 def test_errors_are_python_exceptions_with_the_cpp_messages(ranks):
     ranks.run("errors")
     for r in range(2):

@@ -15,6 +15,10 @@ import ronde.torch as rt  # noqa: E402
 from common import STEPS, batch, loss_fn, make_model, make_optimizer  # noqa: E402
 
 
+# The process sets handed to rt.init().
+INIT_SETS = []
+
+
 def save(out, name, obj):
     torch.save(obj, os.path.join(out, f"{name}.rank{rt.rank()}.pt"))
 
@@ -174,13 +178,71 @@ def peer_dies(out):
     os._exit(0)
 
 
+def process_sets(out):
+    """4 ranks: the set {0, 1} made at init(), {2, 3} added; every
+    collective on each half, then each half training the model."""
+    r = rt.rank()
+    low = INIT_SETS[0]
+    high = rt.add_process_set([2, 3])
+    mine, other = (low, high) if r < 2 else (high, low)
+    res = {"ids": (low.id, high.id), "included": mine.included(),
+           "other_included": other.included(), "set_rank": mine.rank(),
+           "set_size": mine.size(), "ranks": mine.ranks, "repr": repr(mine),
+           "global": rt.global_process_set().is_global(),
+           "sets": len(rt.process_sets())}
+    t = torch.full((3,), float(r + 1))
+    res["allreduce"] = rt.allreduce(t, op=rt.Sum, process_set=mine)
+    res["allgather"] = rt.allgather(torch.tensor([r]), process_set=mine)
+    res["broadcast"] = rt.broadcast(torch.tensor([float(r)]), 1,
+                                    process_set=mine)
+    res["alltoall"] = rt.alltoall(torch.arange(2.0) + 10 * r,
+                                  process_set=mine)
+    res["reducescatter"] = rt.reducescatter(torch.arange(2.0) + r, op=rt.Sum,
+                                            process_set=mine)
+    h = rt.allreduce_async(torch.ones(2), op=rt.Sum, process_set=mine)
+    rt.barrier()
+    res["async"] = h.result()
+    rt.barrier(process_set=mine)
+    res["object"] = rt.broadcast_object({"from": r}, root_rank=1,
+                                        process_set=mine)
+    try:
+        rt.allreduce(t, process_set=other)
+        res["outside"] = None
+    except RuntimeError as e:
+        res["outside"] = str(e)
+    model = make_model()
+    if mine.rank() == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    rt.broadcast_parameters(model.state_dict(), root_rank=0,
+                            process_set=mine)
+    opt = rt.DistributedOptimizer(
+        make_optimizer("sgd", model.parameters(), 0.05),
+        named_parameters=model.named_parameters(), process_set=mine)
+    rt.broadcast_optimizer_state(opt, root_rank=0, process_set=mine)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step, 0, mine.rank(), mine.size(), 1)
+        loss_fn(model, x, y).backward()
+        opt.step()
+    save(out, "params", {n: p.detach().clone()
+                         for n, p in model.named_parameters()})
+    rt.remove_process_set(high)
+    res["sets_after"] = len(rt.process_sets())
+    save(out, "sets", res)
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
-    rt.init()
+    if scenario == "process_sets":
+        INIT_SETS.append(rt.ProcessSet([1, 0]))
+    rt.init(process_sets=INIT_SETS)
     try:
         {"train": train, "collectives": collectives, "errors": errors,
-         "peer_dies": peer_dies}[scenario](out, **kwargs)
+         "peer_dies": peer_dies, "process_sets": process_sets}[scenario](
+             out, **kwargs)
     except Exception:
         traceback.print_exc()
         sys.exit(1)

@@ -1,9 +1,13 @@
-// Collectives across all ranks of the job: allreduce, allgather, broadcast,
-// alltoall, reducescatter, barrier. Each has a blocking form and an _async
-// form returning a Handle. Every call checks, across ranks, that the tensors
+// Collectives across the ranks of the job, or of a process set
+// (ronde/process_set.h): allreduce, allgather, broadcast, alltoall,
+// reducescatter, barrier. Each has a blocking form and an _async form
+// returning a Handle. Every call checks, across ranks, that the tensors
 // agree (shape, dtype, op, root, name) and fails on every rank with one
-// message when they do not.
+// message when they do not. Ranks, roots and splits are numbered within the
+// set the call runs on (the job's ranks for the global set).
 #pragma once
+
+#include <ronde/process_set.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -32,6 +36,9 @@ struct AllreduceOptions {
   // matching tensor. Turn off only for traffic already verified once (the
   // optimizer's buckets do this after their first step).
   TORCH_ARG(bool, verify) = true;
+  // The ranks that take part: the whole job by default. A rank outside
+  // the set that calls a collective on it gets a c10::Error.
+  TORCH_ARG(ProcessSet, process_set) = ProcessSet();
 };
 
 struct AlltoallOptions {
@@ -40,6 +47,9 @@ struct AlltoallOptions {
   TORCH_ARG(std::vector<int64_t>, splits) = {};
   TORCH_ARG(std::string, name) = "";
   TORCH_ARG(bool, verify) = true;
+  // The ranks that take part: the whole job by default. A rank outside
+  // the set that calls a collective on it gets a c10::Error.
+  TORCH_ARG(ProcessSet, process_set) = ProcessSet();
 };
 
 struct ReducescatterOptions {
@@ -48,19 +58,26 @@ struct ReducescatterOptions {
   TORCH_ARG(double, postscale_factor) = 1.0;
   TORCH_ARG(std::string, name) = "";
   TORCH_ARG(bool, verify) = true;
+  // The ranks that take part: the whole job by default. A rank outside
+  // the set that calls a collective on it gets a c10::Error.
+  TORCH_ARG(ProcessSet, process_set) = ProcessSet();
 };
 
 struct CollectiveOptions {
   TORCH_ARG(std::string, name) = "";
   TORCH_ARG(bool, verify) = true;
+  // The ranks that take part: the whole job by default. A rank outside
+  // the set that calls a collective on it gets a c10::Error.
+  TORCH_ARG(ProcessSet, process_set) = ProcessSet();
 };
 
 namespace detail {
 struct HandleState;
 }
 
-// A collective in flight. Collectives run in submission order on one
-// communication thread; a Handle waits for one of them.
+// A collective in flight. The collectives of a process set run in
+// submission order on that set's communication thread; a Handle waits for
+// one of them.
 class Handle {
  public:
   Handle() = default;
@@ -138,7 +155,8 @@ Handle reducescatter_async(
 at::Tensor reducescatter(
     const at::Tensor& tensor, const ReducescatterOptions& options = {});
 
-Handle barrier_async();
-void barrier();
+// Returns once every rank of the set has entered it.
+Handle barrier_async(const ProcessSet& process_set = {});
+void barrier(const ProcessSet& process_set = {});
 
 }  // namespace ronde

@@ -78,6 +78,11 @@ struct DistributedOptimizerOptions {
   // The clock autotune times steps with, in seconds; null: a steady clock.
   // For tests, which inject one.
   TORCH_ARG(std::function<double()>, autotune_clock) = nullptr;
+  // The ranks that train this model together: gradients are averaged over
+  // this set (its size also sets the LR scaling). Default: the whole job.
+  // Two sets can train two models at once; a rank outside the set cannot
+  // construct the optimizer for it.
+  TORCH_ARG(ProcessSet, process_set) = ProcessSet();
 };
 
 // The bucket sizes the engine uses now: the options', or autotune's choice

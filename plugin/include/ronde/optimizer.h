@@ -84,14 +84,18 @@ class DistributedOptimizer : public torch::optim::Optimizer,
 
 // Copies root_rank's values into every rank's tensors (parameters, buffers),
 // in place, fused into one broadcast per dtype. Names must agree across ranks.
+// With a process set: among its ranks, root_rank numbered within the set.
 void broadcast_parameters(
     const torch::OrderedDict<std::string, torch::Tensor>& named_tensors,
-    int root_rank);
+    int root_rank,
+    const ProcessSet& process_set = {});
 
 // Makes every rank's optimizer state (and param-group options) root_rank's,
 // through the optimizer's own serialisation: works for any optimizer that
-// implements save()/load().
+// implements save()/load(). A process set as for broadcast_parameters().
 void broadcast_optimizer_state(
-    torch::optim::Optimizer& optimizer, int root_rank);
+    torch::optim::Optimizer& optimizer,
+    int root_rank,
+    const ProcessSet& process_set = {});
 
 }  // namespace ronde

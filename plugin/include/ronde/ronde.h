@@ -8,6 +8,7 @@
 #include <ronde/errors.h>
 #include <ronde/metrics.h>
 #include <ronde/optimizer.h>
+#include <ronde/process_set.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
 #include <ronde/gradient_reducer.h>

@@ -4,10 +4,13 @@
 // and connects the communicators.
 #pragma once
 
+#include <ronde/process_set.h>
+
 #include <c10/core/Device.h>
 #include <torch/arg.h>
 
 #include <string>
+#include <vector>
 
 namespace ronde {
 
@@ -26,6 +29,10 @@ struct InitOptions {
   // Gloo all-reduce algorithm: "ring" (bandwidth-optimal, the default) or
   // "bcube". Empty: RONDE_GLOO_ALGORITHM, else "ring".
   TORCH_ARG(std::string, gloo_algorithm) = "";
+  // Process sets to create once the job is connected, in this order (as
+  // add_process_set() would; every rank passes the same). The handles given
+  // here become usable: their ids, ranks and communicators are set.
+  TORCH_ARG(std::vector<ProcessSet>, process_sets) = {};
 };
 
 // Joins the job. Calling it again while initialised does nothing. Throws

@@ -167,9 +167,11 @@ Handle allreduce_impl(
     const AllreduceOptions& o,
     bool in_place,
     bool blocking) {
+  Group& group = group_of(o.process_set(), "allreduce");
   std::string error = check_reduction(
       tensor, o.op(), o.prescale_factor(), o.postscale_factor());
   Call call = make_call(
+      group,
       OpKind::Allreduce,
       tensor,
       o.name(),
@@ -208,14 +210,15 @@ Handle broadcast_impl(
     const CollectiveOptions& o,
     bool in_place,
     bool blocking) {
+  Group& group = group_of(o.process_set(), "broadcast");
   std::string error = check_dtype(tensor);
-  const int n = world("broadcast").size;
+  const int n = group.size;
   if (error.empty() && (root < 0 || root >= n)) {
     error = "root rank " + std::to_string(root) + " is outside [0, " +
             std::to_string(n) + ")";
   }
   Call call = make_call(
-      OpKind::Broadcast, tensor, o.name(), o.verify(), -1, root, error);
+      group, OpKind::Broadcast, tensor, o.name(), o.verify(), -1, root, error);
   at::Tensor work =
       error.empty() ? working_copy(tensor, in_place) : at::Tensor();
   if (work.defined() && work.is_cpu())
@@ -257,12 +260,14 @@ std::vector<int64_t> shape_with_dim0(const at::Tensor& t, int64_t dim0) {
 
 Handle allgather_impl(
     const at::Tensor& tensor, const CollectiveOptions& options, bool blocking) {
+  Group& group = group_of(options.process_set(), "allgather");
   std::string error = check_dtype(tensor);
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "allgather needs at least one dimension (it concatenates dim 0)";
   }
   // Always exchanged: the descriptors carry every rank's dim 0.
   Call call = make_call(
+      group,
       OpKind::Allgather,
       tensor,
       options.name(),
@@ -344,11 +349,13 @@ std::vector<int64_t> alltoall_splits(
 
 Handle alltoall_impl(
     const at::Tensor& tensor, const AlltoallOptions& options, bool blocking) {
-  const int n = world("alltoall").size;
+  Group& group = group_of(options.process_set(), "alltoall");
+  const int n = group.size;
   std::string error = check_dtype(tensor);
   const std::vector<int64_t> splits =
       alltoall_splits(tensor, options.splits(), n, error);
   Call call = make_call(
+      group,
       OpKind::Alltoall,
       tensor,
       options.name(),
@@ -407,12 +414,14 @@ Handle alltoall_impl(
 
 Handle reducescatter_impl(
     const at::Tensor& tensor, const ReducescatterOptions& o, bool blocking) {
+  Group& group = group_of(o.process_set(), "reducescatter");
   std::string error = check_reduction(
       tensor, o.op(), o.prescale_factor(), o.postscale_factor());
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "reducescatter needs at least one dimension (it splits dim 0)";
   }
   Call call = make_call(
+      group,
       OpKind::Reducescatter,
       tensor,
       o.name(),
@@ -469,10 +478,12 @@ Handle reducescatter_impl(
       blocking);
 }
 
-Handle barrier_impl(bool blocking) {
+Handle barrier_impl(const ProcessSet& set, bool blocking) {
   // The descriptor exchange is itself an all-gather, which no rank leaves
   // before every rank entered: it is the barrier, and it checks the call.
-  Call call = make_call(OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
+  Group& group = group_of(set, "barrier");
+  Call call = make_call(
+      group, OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
   return submit(
       std::move(call),
       [](Communicator&, HandleState&, const Exchanged&, const Call&) {},
@@ -556,12 +567,12 @@ at::Tensor reducescatter(
   return detail::reducescatter_impl(tensor, options, kBlocking).result();
 }
 
-Handle barrier_async() {
-  return detail::barrier_impl(kAsync);
+Handle barrier_async(const ProcessSet& process_set) {
+  return detail::barrier_impl(process_set, kAsync);
 }
 
-void barrier() {
-  detail::barrier_impl(kBlocking).wait();
+void barrier(const ProcessSet& process_set) {
+  detail::barrier_impl(process_set, kBlocking).wait();
 }
 
 }  // namespace ronde

@@ -30,7 +30,7 @@ namespace {
 // Exchanges the full descriptors and throws the same c10::Error on every
 // rank if they disagree or any rank reported a problem with its input.
 std::vector<Descriptor> exchange_descriptors(
-    Communicator& comm, const Descriptor& mine) {
+    Communicator& comm, const Group& g, const Descriptor& mine) {
   const int n = comm.size();
   std::vector<Descriptor> all(n);
   auto in = at::from_blob(
@@ -38,7 +38,20 @@ std::vector<Descriptor> exchange_descriptors(
   auto out = at::from_blob(
       all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
   comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
-  check_descriptors(all, comm.rank());
+  if (g.is_global()) {
+    check_descriptors(all, comm.rank());
+    return all;
+  }
+  try {
+    check_descriptors(all, comm.rank());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(
+        false,
+        e.msg(),
+        " [",
+        g.label().substr(1),
+        "; ranks there are numbered within the set]");
+  }
   return all;
 }
 
@@ -51,7 +64,7 @@ std::vector<Descriptor> exchange_descriptors(
 // passes on every rank alike, which verifies the fingerprint for next time.
 // A mismatch thus still fails on every rank; a call seen before costs one
 // exchange, which carries a small collective's data too.
-Exchanged check_call(Communicator& comm, World& w, const Call& call) {
+Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
   const int n = comm.size();
   // Over shared memory a round trip costs about what copying the frames
   // does (measured: 4 KiB inline was slower than a header and the
@@ -66,7 +79,7 @@ Exchanged check_call(Communicator& comm, World& w, const Call& call) {
   head.dim0 = call.desc.ndim > 0 ? call.desc.dims[0] : 0;
   if (call.desc.error[0] != '\0')
     head.flags |= kFrameComplaint;
-  if (!w.verified_calls.count(fp))
+  if (!g.verified_calls.count(fp))
     head.flags |= kFrameUnverified;
   const at::Tensor& p = call.payload;
   const size_t payload_bytes = p.defined() ? p.nbytes() : 0;
@@ -114,10 +127,10 @@ Exchanged check_call(Communicator& comm, World& w, const Call& call) {
         ex.all[r].dims[0] = heads[r].dim0;
     }
   } else {
-    ex.all = exchange_descriptors(comm, call.desc);
-    if (w.verified_calls.size() >= 4096)
-      w.verified_calls.clear();  // on every rank alike, at the same call
-    w.verified_calls.insert(fp);
+    ex.all = exchange_descriptors(comm, g, call.desc);
+    if (g.verified_calls.size() >= 4096)
+      g.verified_calls.clear();  // on every rank alike, at the same call
+    g.verified_calls.insert(fp);
   }
   if (all_inline) {
     uint8_t* bytes = frames_buf.data();
@@ -155,6 +168,7 @@ c10::Stream side_stream(c10::Device device) {
 }  // namespace
 
 Call make_call(
+    Group& group,
     OpKind kind,
     const at::Tensor& t,
     const std::string& name,
@@ -165,7 +179,7 @@ Call make_call(
   // The backend travels in the descriptor only when it is not the host's.
   std::string via;
   if (t.defined() && !t.is_cpu()) {
-    Communicator& comm = *world(to_string(kind)).comm;
+    Communicator& comm = *group.comm;
     via = comm.backend_for(t);
     if (via == comm.backend())
       via.clear();
@@ -173,31 +187,35 @@ Call make_call(
   Descriptor d = describe(kind, t, name, op, root, via, error);
   at::Tensor anchor =
       error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
-  return Call{kind, name, verify, d, anchor};
+  return Call{kind, &group, name, verify, d, anchor, at::Tensor()};
 }
 
 void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
   comm.abort();
   World& w = world("collective");
+  const Group& g = *call.group;
   throw CommError(
       e.kind,
       to_string(call.kind),
       call.name,
       w.rank,
-      w.failed_peers ? w.failed_peers() : std::vector<int>{},
+      w.failed_peers ? w.failed_peers(g.ranks) : std::vector<int>{},
       comm.backend(),
-      e.what());
+      g.is_global() ? std::string(e.what())
+                    : g.label().substr(4) + ": " + e.what());
 }
 
 Handle submit(
     Call call, Body body, std::vector<at::Tensor> uses, bool blocking) {
   World& w = world(to_string(call.kind));
+  Group& group = *call.group;
   if (!call.verify && call.desc.error[0] != '\0') {
     // Without the exchange the other ranks cannot learn of it; fail here.
     TORCH_CHECK(
         false,
         "ronde: ",
         to_string(call.kind),
+        group.label(),
         " on rank ",
         w.rank,
         ": ",
@@ -215,7 +233,7 @@ Handle submit(
         Fence{impl.getStream(device), c10::Event(device.type())});
     fence->ready.record(fence->caller);
   }
-  return w.worker->submit(
+  return group.worker->submit(
       [call = std::move(call),
        body = std::move(body),
        uses = std::move(uses),
@@ -227,8 +245,7 @@ Handle submit(
         // the backend too, learn it before a device backend connects.
         Exchanged ex;
         if (call.verify) {
-          World& w = world("collective");
-          guarded(comm, call, [&] { ex = check_call(comm, w, call); });
+          guarded(comm, call, [&] { ex = check_call(comm, *call.group, call); });
         }
         std::optional<c10::Stream> exec;
         if (fence) {

@@ -17,8 +17,13 @@
 
 namespace ronde::detail {
 
+struct Group;
+
 struct Call {
   OpKind kind;
+  // The process set it runs on (comm/world.h); lives until the job ran
+  // (remove_process_set() waits for the set's queued jobs).
+  Group* group = nullptr;
   std::string name;
   bool verify = true;
   Descriptor desc;
@@ -43,9 +48,10 @@ struct Exchanged {
   std::vector<size_t> payload_bytes;
 };
 
-// A call on `t` (undefined for a barrier) by this rank; `error` is this
-// rank's complaint about its input, empty when there is none.
+// A call on `t` (undefined for a barrier) by this rank in `group`; `error`
+// is this rank's complaint about its input, empty when there is none.
 Call make_call(
+    Group& group,
     OpKind kind,
     const at::Tensor& t,
     const std::string& name,
@@ -58,7 +64,7 @@ Call make_call(
 using Body = std::function<
     void(Communicator&, HandleState&, const Exchanged&, const Call&)>;
 
-// Queues the job. `uses` are tensors made on the caller's side that the job
+// Queues the job on its group's worker. `uses` are tensors made on the caller's side that the job
 // reads or writes: on a device they are marked as used by the job's stream
 // too. `blocking`: the caller waits on the handle at once, so the job may
 // run on the caller's thread (see CommWorker::submit).

@@ -3,6 +3,9 @@
 #include "comm/world.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <sstream>
 
 namespace ronde::detail {
 namespace {
@@ -13,15 +16,62 @@ World* g_world = nullptr;
 
 }  // namespace
 
-World::~World() {
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    os << (i ? ", " : "") << ranks[i];
+  os << "]";
+  return os.str();
+}
+
+Group::~Group() {
   worker.reset();  // drains what is queued while `comm` still exists
   comm.reset();
+}
+
+std::string Group::label() const {
+  if (is_global())
+    return "";
+  return " on process set " + std::to_string(id) + " " + rank_list(ranks);
+}
+
+World::~World() {
+  global.reset();
 }
 
 World& world(const char* caller) {
   TORCH_CHECK(
       g_world != nullptr, "ronde::", caller, "() needs ronde::init() first");
   return *g_world;
+}
+
+Group& group_of(const ProcessSet& set, const char* caller) {
+  World& w = world(caller);
+  if (set.is_global())
+    return *w.global;
+  Group& g = *set.group();
+  TORCH_CHECK(
+      g.id > 0 && g.epoch == w.epoch,
+      "ronde: ",
+      caller,
+      " on rank ",
+      w.rank,
+      ": process set ",
+      rank_list(g.ranks),
+      g.id < 0 && g.epoch == w.epoch && g.epoch != 0 ? " was removed"
+                                                     : " is not part of the job",
+      " (create it on every rank with ronde::add_process_set() or "
+      "InitOptions::process_sets)");
+  TORCH_CHECK(
+      g.rank >= 0,
+      "ronde: ",
+      caller,
+      g.label(),
+      " called on rank ",
+      w.rank,
+      ", which is not in the set");
+  return g;
 }
 
 void install_world(std::unique_ptr<World> w) {

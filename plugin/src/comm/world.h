@@ -1,41 +1,91 @@
-// The job as comm/ sees it: the communicator, the worker that runs
-// collectives on it, and what a failed collective needs to name its
-// suspects. init() builds it and installs it; shutdown() takes it down. comm/
-// never reaches into the runtime: what it needs from there is handed in here.
+// The job as comm/ sees it: its process sets (the global one and those the
+// program added), each with the communicator and the worker that runs its
+// collectives, and what a failed collective needs to name its suspects.
+// init() builds it and installs it; shutdown() takes it down. comm/ never
+// reaches into the runtime: what it needs from there is handed in here.
 #pragma once
 
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 
+#include <ronde/process_set.h>
+
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
 namespace ronde::detail {
 
+// One process set. Its fields change only in init(), add_process_set(),
+// remove_process_set() and shutdown(), which must not race with
+// collectives on the set (documented in process_set.h).
+struct Group {
+  explicit Group(std::vector<int> ranks) : ranks(std::move(ranks)) {}
+  ~Group();
+
+  std::vector<int> ranks;  // job ranks, ascending
+  int id = -1;             // -1: not created, or removed
+  uint64_t epoch = 0;      // the init() it was created under
+  int rank = -1;           // this rank within the set; -1: not a member
+  int size = 0;
+  // Null on ranks outside the set, and once removed.
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<CommWorker> worker;  // runs on `comm`: destroyed first
+  // The fingerprints of calls whose descriptors every member checked in
+  // full (comm/jobs.cpp). Touched only by the set's running job, one at a
+  // time; every member adds the same ones in the same order.
+  std::unordered_set<uint64_t> verified_calls;
+
+  bool is_global() const {
+    return id == 0;
+  }
+  // " on process set 2 [0, 2]" for messages; empty for the global set.
+  std::string label() const;
+};
+
 struct World {
   int rank = 0;
   int size = 1;
-  std::unique_ptr<Communicator> comm;
-  std::unique_ptr<CommWorker> worker;  // runs on `comm`: destroyed first
-  // After a collective failed here: the peers that did not report the
-  // failure themselves in time (the runtime's failure notices in the
-  // store). Null in a job of one rank: nobody to blame.
-  std::function<std::vector<int>()> failed_peers;
-  // The fingerprints of calls whose descriptors every rank checked in full
-  // (comm/jobs.cpp). Touched only by the running job, one at a time; every
-  // rank adds the same ones in the same order, so the sets stay equal.
-  std::unordered_set<uint64_t> verified_calls;
+  uint64_t epoch = 0;  // counts init() calls of this process
+  std::shared_ptr<Group> global;
+  // How the global communicator was connected: sets connect alike, under
+  // their own store prefix.
+  CommConfig config;
+  bool blocking_wait = false;
+  // After a collective failed here: the peers among these job ranks that
+  // did not report the failure themselves in time (the runtime's failure
+  // notices in the store). Null in a job of one rank: nobody to blame.
+  std::function<std::vector<int>(const std::vector<int>& among)> failed_peers;
+
+  std::mutex sets_mutex;
+  std::map<int, std::shared_ptr<Group>> sets;  // guarded; the added ones
+  int next_set_id = 1;                         // guarded
 
   ~World();
 };
 
+// "[0, 2, 3]", for messages.
+std::string rank_list(const std::vector<int>& ranks);
+
 // The live World; throws c10::Error naming `caller` before init().
 World& world(const char* caller);
+// The group a collective on `set` runs in: the global one for the default
+// set. Throws c10::Error naming `caller` for a set that is not part of the
+// job, and for a rank outside the set.
+Group& group_of(const ProcessSet& set, const char* caller);
 // init() installs the World it built; shutdown() removes it and returns it,
 // to be destroyed after the barrier.
 void install_world(std::unique_ptr<World> w);
 std::unique_ptr<World> remove_world();
+// At shutdown(): stops the workers of every added set once they ran what
+// was queued (before the last barrier), then closes their communicators
+// and marks them removed (after it).
+void stop_added_sets(World& w);
+void close_added_sets(World& w);
 
 }  // namespace ronde::detail

@@ -25,9 +25,14 @@ std::string dtype_device_key(const at::Tensor& t) {
 }
 
 void check_same_everywhere(
-    const std::string& what, const std::vector<std::string>& lines) {
-  if (ronde::size() == 1)
+    const std::string& what,
+    const std::vector<std::string>& lines,
+    const ProcessSet& set) {
+  const int n = set.size();
+  if (n == 1)
     return;
+  const CollectiveOptions o =
+      CollectiveOptions().name(what + ".check").process_set(set);
   std::string joined;
   for (const auto& l : lines)
     joined += l + "\n";
@@ -36,13 +41,11 @@ void check_same_everywhere(
     std::memcpy(mine.data_ptr(), joined.data(), joined.size());
   // Lengths first (one row each), so the texts can be split apart.
   at::Tensor lengths = ronde::allgather(
-      at::full({1}, static_cast<int64_t>(joined.size()), at::kLong),
-      CollectiveOptions().name(what + ".check"));
-  at::Tensor all =
-      ronde::allgather(mine, CollectiveOptions().name(what + ".check"));
+      at::full({1}, static_cast<int64_t>(joined.size()), at::kLong), o);
+  at::Tensor all = ronde::allgather(mine, o);
   std::vector<std::vector<std::string>> per_rank;
   int64_t offset = 0;
-  for (int r = 0; r < ronde::size(); ++r) {
+  for (int r = 0; r < n; ++r) {
     int64_t len = lengths[r].item<int64_t>();
     std::string text(static_cast<const char*>(all.data_ptr()) + offset, len);
     offset += len;
@@ -52,7 +55,8 @@ void check_same_everywhere(
       rows.push_back(row);
     per_rank.push_back(std::move(rows));
   }
-  for (int r = 1; r < ronde::size(); ++r) {
+  const std::vector<int> ranks = set.ranks();
+  for (int r = 1; r < n; ++r) {
     const auto& a = per_rank[0];
     const auto& b = per_rank[r];
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
@@ -66,16 +70,20 @@ void check_same_everywhere(
           ronde::rank(),
           "): at position ",
           i,
-          " rank 0 has ",
+          " rank ",
+          ranks[0],
+          " has ",
           x,
           " but rank ",
-          r,
+          ranks[r],
           " has ",
           y,
-          " (rank 0 has ",
+          " (rank ",
+          ranks[0],
+          " has ",
           a.size(),
           ", rank ",
-          r,
+          ranks[r],
           " has ",
           b.size(),
           " in all)");

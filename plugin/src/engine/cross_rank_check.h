@@ -4,6 +4,8 @@
 // difference.
 #pragma once
 
+#include <ronde/process_set.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -17,9 +19,12 @@ std::string describe_tensor(const std::string& name, const at::Tensor& t);
 // "Float@cpu": tensors that may share one flat buffer.
 std::string dtype_device_key(const at::Tensor& t);
 
-// Throws c10::Error on every rank unless every rank's `lines` equal rank 0's;
-// `what` names the list in the message and the collectives.
+// Throws c10::Error on every rank of `set` unless every rank's `lines`
+// equal those of the set's first rank; `what` names the list in the message
+// (which names job ranks) and the collectives.
 void check_same_everywhere(
-    const std::string& what, const std::vector<std::string>& lines);
+    const std::string& what,
+    const std::vector<std::string>& lines,
+    const ProcessSet& set = {});
 
 }  // namespace ronde::detail

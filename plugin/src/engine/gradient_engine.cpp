@@ -77,10 +77,17 @@ std::shared_ptr<GradientEngine> GradientEngine::create(
     std::vector<at::Tensor> params,
     const DistributedOptimizerOptions& options) {
   check_options(options);
+  TORCH_CHECK(
+      options.process_set().included(),
+      "ronde: DistributedOptimizer on rank ",
+      ronde::rank(),
+      ", which is not in its process set ",
+      options.process_set().id());
   std::vector<std::string> lines;
   for (size_t i = 0; i < names.size(); ++i)
     lines.push_back(describe_tensor(names[i], params[i]));
-  check_same_everywhere("DistributedOptimizer parameters", lines);
+  check_same_everywhere(
+      "DistributedOptimizer parameters", lines, options.process_set());
   std::shared_ptr<GradientEngine> engine(new GradientEngine(
       std::move(names), std::move(params), options, settings()));
   // Hooks hold a weak pointer: an engine destroyed first leaves them inert,
@@ -305,6 +312,7 @@ void GradientEngine::launch(size_t bi) {
           .prescale_factor(1.0 / f)
           .postscale_factor(post)
           .name(b.name)
+          .process_set(options_.process_set())
           // Bucket layouts were checked on the first step; later steps
           // skip the descriptor exchange.
           .verify(!verified_));
@@ -491,8 +499,11 @@ std::vector<size_t> GradientEngine::agreed_order_locked() {
   ready_order_.clear();
   ready_order_.shrink_to_fit();
   at::Tensor t = at::tensor(order, at::kLong);
-  if (ronde::size() > 1)
-    ronde::broadcast_(t, 0, CollectiveOptions().name("ronde.bucket_order"));
+  const ProcessSet& set = options_.process_set();
+  if (set.size() > 1) {
+    ronde::broadcast_(
+        t, 0, CollectiveOptions().name("ronde.bucket_order").process_set(set));
+  }
   std::vector<size_t> out;
   const int64_t* v = t.data_ptr<int64_t>();
   for (int64_t i = 0; i < t.numel(); ++i)
@@ -502,24 +513,28 @@ std::vector<size_t> GradientEngine::agreed_order_locked() {
 
 void GradientEngine::autotune_decide_locked() {
   double msg[3] = {0, 0, 0};
-  if (ronde::rank() == 0) {
+  const ProcessSet& set = options_.process_set();
+  const bool decides = set.rank() == 0;
+  if (decides) {
     const BucketSizes next = tuner_->next();
     msg[0] = next.fusion_mb;
     msg[1] = next.first_mb;
     msg[2] = tuner_->done() ? 1 : 0;
   }
   at::Tensor t = at::from_blob(msg, {3}, at::kDouble);
-  if (ronde::size() > 1)
-    ronde::broadcast_(t, 0, CollectiveOptions().name("ronde.autotune"));
+  if (set.size() > 1) {
+    ronde::broadcast_(
+        t, 0, CollectiveOptions().name("ronde.autotune").process_set(set));
+  }
   const BucketSizes next{msg[0], msg[1]};
   const bool done = msg[2] != 0;
-  if (ronde::rank() != 0)
+  if (!decides)
     tuner_->adopt(next, done);
   sizes_ = next;
   if (!done)
     return;
   autotuned_ = true;
-  if (ronde::rank() == 0) {
+  if (decides) {
     std::ostringstream line;
     line << "ronde: autotune chose bucket " << next.fusion_mb
          << " MiB, first bucket " << next.first_mb << " MiB (median step "
@@ -675,7 +690,10 @@ at::Tensor GradientEngine::step(
     if (!loss.defined())
       return loss;
     return ronde::allreduce(
-        loss.detach(), AllreduceOptions().name("ronde.closure_loss"));
+        loss.detach(),
+        AllreduceOptions()
+            .name("ronde.closure_loss")
+            .process_set(options_.process_set()));
   };
   at::Tensor out;
   {

@@ -94,7 +94,7 @@ DistributedOptimizer::DistributedOptimizer(
       named_parameters.keys(), named_parameters.values(), options_);
   lr_scale_factor_ = ronde::lr_scale_factor(
       options_.lr_scaling(),
-      ronde::size(),
+      options_.process_set().size(),
       options_.backward_passes_per_step());
   // The base LRs live here, with the optimizer that scaled them: the
   // wrapped optimizer holds them times the factor while this object lives

@@ -17,12 +17,13 @@ namespace ronde {
 
 void broadcast_parameters(
     const torch::OrderedDict<std::string, torch::Tensor>& named_tensors,
-    int root_rank) {
+    int root_rank,
+    const ProcessSet& process_set) {
   std::vector<std::string> lines;
   for (const auto& item : named_tensors) {
     lines.push_back(detail::describe_tensor(item.key(), item.value()));
   }
-  detail::check_same_everywhere("broadcast_parameters", lines);
+  detail::check_same_everywhere("broadcast_parameters", lines, process_set);
   torch::NoGradGuard no_grad;
   // One broadcast per dtype and device, in first-seen order.
   std::vector<std::string> order;
@@ -42,7 +43,9 @@ void broadcast_parameters(
     broadcast_(
         buffer,
         root_rank,
-        CollectiveOptions().name("ronde.broadcast_parameters." + key));
+        CollectiveOptions()
+            .name("ronde.broadcast_parameters." + key)
+            .process_set(process_set));
     int64_t offset = 0;
     for (auto& t : tensors) {
       t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -52,9 +55,12 @@ void broadcast_parameters(
 }
 
 void broadcast_optimizer_state(
-    torch::optim::Optimizer& optimizer, int root_rank) {
+    torch::optim::Optimizer& optimizer,
+    int root_rank,
+    const ProcessSet& process_set) {
+  const bool root = process_set.rank() == root_rank;
   std::string bytes;
-  if (ronde::rank() == root_rank) {
+  if (root) {
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
     std::ostringstream os;
@@ -64,14 +70,18 @@ void broadcast_optimizer_state(
   at::Tensor len = ronde::broadcast(
       at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong),
       root_rank,
-      CollectiveOptions().name("ronde.optimizer_state.size"));
+      CollectiveOptions()
+          .name("ronde.optimizer_state.size")
+          .process_set(process_set));
   at::Tensor data = at::empty({len.item<int64_t>()}, at::kByte);
-  if (ronde::rank() == root_rank) {
+  if (root) {
     std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
   }
   broadcast_(
-      data, root_rank, CollectiveOptions().name("ronde.optimizer_state"));
-  if (ronde::rank() != root_rank) {
+      data,
+      root_rank,
+      CollectiveOptions().name("ronde.optimizer_state").process_set(process_set));
+  if (!root) {
     std::istringstream is(
         std::string(static_cast<const char*>(data.data_ptr()), data.numel()));
     torch::serialize::InputArchive archive;

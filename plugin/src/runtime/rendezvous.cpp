@@ -120,8 +120,14 @@ AddressChoice advertised_address(
 std::vector<int> failed_peers(
     c10d::Store& store,
     const LaunchInfo& info,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout,
+    const std::vector<int>& among) {
   const int me = info.rank;
+  std::vector<int> peers = among;
+  if (peers.empty()) {
+    for (int r = 0; r < info.size; ++r)
+      peers.push_back(r);
+  }
   try {
     store.set(
         job_key(info, "failed/" + std::to_string(me)),
@@ -135,7 +141,7 @@ std::vector<int> failed_peers(
   for (;;) {
     missing.clear();
     try {
-      for (int r = 0; r < info.size; ++r) {
+      for (int r : peers) {
         if (r != me &&
             !store.check({job_key(info, "failed/" + std::to_string(r))})) {
           missing.push_back(r);

@@ -80,11 +80,13 @@ std::string topology_disagreement(const std::vector<PeerInfo>& peers);
 
 // After a collective failed here: posts this rank's failure notice, waits a
 // short grace for every peer's, and returns the ranks whose notice did not
-// come (dead, or stuck elsewhere). {0} when the store itself is gone (rank 0
+// come (dead, or stuck elsewhere), among the job ranks `among` (a process
+// set's; empty: every rank). {0} when the store itself is gone (rank 0
 // hosts it).
 std::vector<int> failed_peers(
     c10d::Store& store,
     const LaunchInfo& info,
-    std::chrono::milliseconds timeout);
+    std::chrono::milliseconds timeout,
+    const std::vector<int>& among = {});
 
 }  // namespace ronde::detail

@@ -33,9 +33,11 @@ from ._C import (  # noqa: F401  (re-exported)
     GradientReducer,
     Handle,
     LrScaling,
+    ProcessSet,
     ReduceOp,
     StepProfile,
     WarmupShape,
+    add_process_set,
     allgather,
     allgather_async,
     allreduce,
@@ -52,6 +54,7 @@ from ._C import (  # noqa: F401  (re-exported)
     broadcast_async_,
     cross_rank,
     cross_size,
+    global_process_set,
     init,
     is_initialized,
     job_id,
@@ -60,9 +63,11 @@ from ._C import (  # noqa: F401  (re-exported)
     lr_scale_factor,
     nccl_built,
     host_backend,
+    process_sets,
     rank,
     reducescatter,
     reducescatter_async,
+    remove_process_set,
     shutdown,
     size,
     timeout_seconds,
@@ -101,41 +106,53 @@ def _named_tensors(tensors):
     return names, values
 
 
-def broadcast_parameters(params, root_rank):
+def _set_or_global(process_set):
+    return _C.global_process_set() if process_set is None else process_set
+
+
+def broadcast_parameters(params, root_rank, process_set=None):
     """Copies root_rank's values into every rank's tensors, in place, fused
     into one broadcast per dtype. ``params``: ``model.state_dict()`` (buffers
     included), ``model.named_parameters()`` or any (name, tensor) pairs;
-    names must agree across ranks."""
+    names must agree across ranks. With ``process_set``, among its ranks
+    (``root_rank`` numbered within the set)."""
     names, tensors = _named_tensors(params)
     with _torch.no_grad():
-        _C.broadcast_parameters(names, tensors, root_rank)
+        _C.broadcast_parameters(names, tensors, root_rank,
+                                process_set=_set_or_global(process_set))
 
 
-def broadcast_object(obj, root_rank=0, name="ronde.broadcast_object"):
-    """Returns root_rank's ``obj`` on every rank (through torch.save)."""
-    if rank() == root_rank:
+def broadcast_object(obj, root_rank=0, name="ronde.broadcast_object",
+                     process_set=None):
+    """Returns root_rank's ``obj`` on every rank (through torch.save); with
+    ``process_set``, on every rank of that set (``root_rank`` within it)."""
+    ps = _set_or_global(process_set)
+    me = ps.rank()
+    if me == root_rank:
         buf = _io.BytesIO()
         _torch.save(obj, buf)
         data = _torch.frombuffer(bytearray(buf.getvalue()), dtype=_torch.uint8)
         length = _torch.tensor([data.numel()], dtype=_torch.int64)
     else:
         length = _torch.zeros(1, dtype=_torch.int64)
-    length = broadcast(length, root_rank, name=name + ".size")
-    if rank() != root_rank:
+    length = broadcast(length, root_rank, name=name + ".size", process_set=ps)
+    if me != root_rank:
         data = _torch.empty(int(length.item()), dtype=_torch.uint8)
-    data = broadcast(data, root_rank, name=name)
-    if rank() == root_rank:
+    data = broadcast(data, root_rank, name=name, process_set=ps)
+    if me == root_rank:
         return obj
     return _torch.load(_io.BytesIO(data.numpy().tobytes()), weights_only=False)
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     """Makes every rank's optimizer state and param-group options (LRs
     included) root_rank's, through ``state_dict()``: works for any
-    ``torch.optim.Optimizer``, wrapped or not."""
+    ``torch.optim.Optimizer``, wrapped or not. ``process_set`` as for
+    broadcast_parameters."""
+    ps = _set_or_global(process_set)
     state = broadcast_object(optimizer.state_dict(), root_rank,
-                             name="ronde.optimizer_state")
-    if rank() != root_rank:
+                             name="ronde.optimizer_state", process_set=ps)
+    if ps.rank() != root_rank:
         optimizer.load_state_dict(state)
 
 

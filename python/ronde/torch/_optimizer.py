@@ -124,7 +124,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          gradient_as_bucket_view=True,
                          compression=_C.Compression.none,
                          lr_scaling=_C.LrScaling.none,
-                         rebuild_buckets=True, autotune=False):
+                         rebuild_buckets=True, autotune=False,
+                         process_set=None):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -146,6 +147,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     ``autotune`` are the C++ options of those names (RONDE_AUTOTUNE, when
     set, overrides ``autotune``); state_dict() keeps autotune's choice
     under "ronde_bucket_sizing" and load_state_dict() restores it.
+    ``process_set``: average over that set's ranks only (its size also
+    sets the LR scaling); None: the whole job.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -179,6 +182,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         optimizer._ronde_reducer = None  # releases the old hooks first
     else:
         base = type(optimizer)
+    if process_set is None:
+        process_set = _C.global_process_set()
     reducer = _C.GradientReducer(
         names, params,
         fusion_threshold_mb=fusion_threshold_mb,
@@ -190,8 +195,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         gradient_as_bucket_view=gradient_as_bucket_view,
         compression=compression,
         rebuild_buckets=rebuild_buckets,
-        autotune=autotune)
-    factor = _C.lr_scale_factor(lr_scaling, _C.size(),
+        autotune=autotune,
+        process_set=process_set)
+    factor = _C.lr_scale_factor(lr_scaling, process_set.size(),
                                 backward_passes_per_step)
     for group in optimizer.param_groups:
         base_lr = group.setdefault("ronde_base_lr", group["lr"])

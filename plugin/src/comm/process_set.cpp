@@ -1,0 +1,276 @@
+// Process sets (ronde/process_set.h): creating and removing them, as
+// collectives of the whole job on the global set, and connecting each set's
+// communicator the way the job's own was connected, under its own prefix.
+#include <ronde/process_set.h>
+
+#include <ronde/collectives.h>
+#include <ronde/errors.h>
+
+#include "comm/world.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace ronde {
+namespace detail {
+namespace {
+
+// Every rank's text, in rank order, through the global set: lengths first
+// (one row each), then the bytes.
+std::vector<std::string> exchange_texts(
+    const std::string& mine, const std::string& name) {
+  const CollectiveOptions o = CollectiveOptions().name(name);
+  at::Tensor lengths = allgather(
+      at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), o);
+  at::Tensor bytes = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
+  if (!mine.empty())
+    std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = allgather(bytes, o);
+  std::vector<std::string> out;
+  const char* p = static_cast<const char*>(all.data_ptr());
+  for (int64_t r = 0; r < lengths.numel(); ++r) {
+    const int64_t len = lengths[r].item<int64_t>();
+    out.emplace_back(p, static_cast<size_t>(len));
+    p += len;
+  }
+  return out;
+}
+
+// Throws the same c10::Error on every rank unless every rank made the same
+// request (and none found its own invalid, marked by a leading '!').
+void check_agreement(
+    const char* what, const std::vector<std::string>& all, int me) {
+  bool same = true;
+  for (const auto& t : all)
+    same = same && t == all[0] && (t.empty() || t[0] != '!');
+  if (same)
+    return;
+  std::ostringstream os;
+  os << "ronde: " << what
+     << ": the ranks did not all make the same call (every rank of the job "
+        "calls it, with the same ranks; seen on rank "
+     << me << "):";
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string& t = all[r];
+    os << (r ? ";" : "") << " rank " << r << " "
+       << (!t.empty() && t[0] == '!' ? t.substr(1) : t);
+  }
+  TORCH_CHECK(false, os.str());
+}
+
+// What is wrong with `ranks` as a set of a job of `size` ranks; empty when
+// nothing is.
+std::string invalid_ranks(const std::vector<int>& ranks, int size) {
+  if (ranks.empty())
+    return "a process set needs at least one rank";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size) {
+      return "rank " + std::to_string(ranks[i]) + " is outside [0, " +
+          std::to_string(size) + ")";
+    }
+    if (i > 0 && ranks[i] == ranks[i - 1])
+      return "rank " + std::to_string(ranks[i]) + " appears twice";
+  }
+  return "";
+}
+
+// Connects this rank's communicator and worker for `g` (a member).
+void connect(World& w, Group& g) {
+  CommConfig config = w.config;
+  config.prefix += "set/" + std::to_string(g.id) + "/";
+  config.rank = g.rank;
+  config.size = g.size;
+  config.hosts.clear();
+  if (!w.config.hosts.empty()) {
+    for (int r : g.ranks)
+      config.hosts.push_back(w.config.hosts[r]);
+  }
+  try {
+    g.comm = make_communicator(config);
+  } catch (const BackendFailure& e) {
+    throw CommError(
+        CommError::Kind::Rendezvous,
+        "add_process_set",
+        "process set " + std::to_string(g.id) + " " + rank_list(g.ranks),
+        w.rank,
+        w.failed_peers ? w.failed_peers(g.ranks) : std::vector<int>{},
+        w.global->comm->backend(),
+        e.what());
+  }
+  g.worker = std::make_unique<CommWorker>(*g.comm, w.blocking_wait);
+}
+
+}  // namespace
+
+void stop_added_sets(World& w) {
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  for (auto& [id, g] : w.sets) {
+    (void)id;
+    g->worker.reset();
+  }
+}
+
+void close_added_sets(World& w) {
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  for (auto& [id, g] : w.sets) {
+    (void)id;
+    g->worker.reset();
+    g->comm.reset();
+    g->id = -1;
+  }
+  w.sets.clear();
+}
+
+}  // namespace detail
+
+ProcessSet::ProcessSet() = default;
+
+ProcessSet::ProcessSet(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  group_ = std::make_shared<detail::Group>(std::move(ranks));
+}
+
+ProcessSet ProcessSet::from_group(std::shared_ptr<detail::Group> group) {
+  ProcessSet s;
+  s.group_ = std::move(group);
+  return s;
+}
+
+int ProcessSet::id() const {
+  return group_ ? group_->id : 0;
+}
+
+std::vector<int> ProcessSet::ranks() const {
+  if (group_)
+    return group_->ranks;
+  return detail::world("ProcessSet::ranks").global->ranks;
+}
+
+bool ProcessSet::included() const {
+  detail::World& w = detail::world("ProcessSet::included");
+  if (!group_)
+    return true;
+  return std::binary_search(group_->ranks.begin(), group_->ranks.end(), w.rank);
+}
+
+int ProcessSet::rank() const {
+  return detail::group_of(*this, "ProcessSet::rank").rank;
+}
+
+int ProcessSet::size() const {
+  return detail::group_of(*this, "ProcessSet::size").size;
+}
+
+bool ProcessSet::operator==(const ProcessSet& other) const {
+  if (is_global() || other.is_global())
+    return is_global() && other.is_global();
+  return group_ == other.group_ || (id() > 0 && id() == other.id());
+}
+
+ProcessSet global_process_set() {
+  return ProcessSet();
+}
+
+ProcessSet add_process_set(const std::vector<int>& ranks) {
+  return add_process_set(ProcessSet(ranks));
+}
+
+ProcessSet add_process_set(const ProcessSet& set) {
+  detail::World& w = detail::world("add_process_set");
+  TORCH_CHECK(
+      !set.is_global(),
+      "ronde: add_process_set: the global process set exists already");
+  detail::Group& g = *set.group();
+  TORCH_CHECK(
+      !(g.id > 0 && g.epoch == w.epoch),
+      "ronde: add_process_set: process set ",
+      g.id,
+      " ",
+      detail::rank_list(g.ranks),
+      " was created already");
+  std::string mine = detail::rank_list(g.ranks);
+  const std::string invalid = detail::invalid_ranks(g.ranks, w.size);
+  if (!invalid.empty())
+    mine = "!" + mine + " (" + invalid + ")";
+  if (w.size > 1) {
+    detail::check_agreement(
+        "add_process_set",
+        detail::exchange_texts(mine, "ronde.add_process_set"),
+        w.rank);
+  } else {
+    TORCH_CHECK(invalid.empty(), "ronde: add_process_set: ", invalid);
+  }
+  {
+    std::lock_guard<std::mutex> lock(w.sets_mutex);
+    g.id = w.next_set_id++;
+    w.sets[g.id] = set.group();
+  }
+  g.epoch = w.epoch;
+  g.size = static_cast<int>(g.ranks.size());
+  auto it = std::find(g.ranks.begin(), g.ranks.end(), w.rank);
+  g.rank = it == g.ranks.end() ? -1
+                               : static_cast<int>(it - g.ranks.begin());
+  g.verified_calls.clear();
+  if (g.rank >= 0) {
+    try {
+      detail::connect(w, g);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(w.sets_mutex);
+      w.sets.erase(g.id);
+      g.id = -1;
+      throw;
+    }
+  }
+  return set;
+}
+
+void remove_process_set(const ProcessSet& set) {
+  detail::World& w = detail::world("remove_process_set");
+  TORCH_CHECK(
+      !set.is_global(),
+      "ronde: remove_process_set: the global process set cannot be removed");
+  detail::Group& g = *set.group();
+  std::string mine;
+  if (g.id > 0 && g.epoch == w.epoch) {
+    mine = "remove " + std::to_string(g.id) + " " + detail::rank_list(g.ranks);
+  } else {
+    mine = "!remove " + detail::rank_list(g.ranks) +
+        " (not a process set of the job)";
+  }
+  if (w.size > 1) {
+    detail::check_agreement(
+        "remove_process_set",
+        detail::exchange_texts(mine, "ronde.remove_process_set"),
+        w.rank);
+  } else {
+    TORCH_CHECK(mine[0] != '!', "ronde: remove_process_set: ", mine.substr(1));
+  }
+  // Members finish what they queued on the set; the barrier then tells
+  // every rank that every member has, so no connection closes under a
+  // peer still using it.
+  g.worker.reset();
+  if (w.size > 1)
+    barrier();
+  g.comm.reset();
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  w.sets.erase(g.id);
+  g.id = -1;
+}
+
+std::vector<ProcessSet> process_sets() {
+  detail::World& w = detail::world("process_sets");
+  std::vector<ProcessSet> out{ProcessSet()};
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  for (const auto& [id, g] : w.sets) {
+    (void)id;
+    out.push_back(ProcessSet::from_group(g));
+  }
+  return out;
+}
+
+}  // namespace ronde
