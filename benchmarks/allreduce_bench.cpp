@@ -10,6 +10,11 @@
 // check on (the default) and off, so the check's cost is measured rather
 // than guessed.
 //
+// --process-set runs the collective on a process set instead of the job:
+// `all` (a set of every rank: its own communicator, the same transport) or
+// `half` (the job in two halves, each running the sweep on its own set at
+// once); sizes and bus factors then count the set's ranks.
+//
 // `allreduce_bench --memcpy -b 4K -e 256M` runs alone, without ronderun: the
 // bandwidth of one thread's memcpy at each size of the sweep, the ceiling
 // of a copy through shared memory, in the same JSON shape.
@@ -135,25 +140,32 @@ at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
   return at::ones({count});
 }
 
+// The set the sweep runs on (--process-set); the job by default.
+ronde::ProcessSet g_set;
+
 // One call of the collective, options built once, outside the timed region.
 std::function<void()> make_call(Op op, const at::Tensor& t, bool verify) {
   switch (op) {
     case Op::Allreduce: {
-      auto opts =
-          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).verify(verify);
+      auto opts = ronde::AllreduceOptions()
+                      .op(ronde::ReduceOp::Sum)
+                      .verify(verify)
+                      .process_set(g_set);
       return [t, opts] { ronde::allreduce_(t, opts); };
     }
     case Op::Broadcast: {
-      auto opts = ronde::CollectiveOptions().verify(verify);
+      auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
       return [t, opts] { ronde::broadcast_(t, 0, opts); };
     }
     case Op::Allgather: {
-      auto opts = ronde::CollectiveOptions().verify(verify);
+      auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
       return [t, opts] { ronde::allgather(t, opts); };
     }
     case Op::Reducescatter: {
-      auto opts =
-          ronde::ReducescatterOptions().op(ronde::ReduceOp::Sum).verify(verify);
+      auto opts = ronde::ReducescatterOptions()
+                      .op(ronde::ReduceOp::Sum)
+                      .verify(verify)
+                      .process_set(g_set);
       return [t, opts] { ronde::reducescatter(t, opts); };
     }
   }
@@ -168,7 +180,7 @@ double time_collective(
     call();
   std::vector<double> samples;
   for (int i = 0; i < iters; ++i) {
-    ronde::barrier();
+    ronde::barrier(g_set);
     auto t0 = std::chrono::steady_clock::now();
     call();
     samples.push_back(seconds_since(t0));
@@ -185,6 +197,7 @@ struct Sweep {
   int warmup = 3, min_iters = 5;
   double target_seconds = 0.5;  // per size and mode, beyond min_iters
   std::string json_path;
+  std::string process_set = "global";  // or "all", "half"
 };
 
 struct AlignedFree {
@@ -271,14 +284,29 @@ int run_memcpy(const Sweep& s) {
 int run_collective(Op op, const Sweep& s) {
   at::set_num_threads(1);
   ronde::init();
-  const int n = ronde::size();
   const int rank = ronde::rank();
+  if (s.process_set == "all") {
+    std::vector<int> all(ronde::size());
+    for (int r = 0; r < ronde::size(); ++r)
+      all[r] = r;
+    g_set = ronde::add_process_set(all);
+  } else if (s.process_set == "half") {
+    std::vector<int> low, high;
+    for (int r = 0; r < ronde::size(); ++r)
+      (r < ronde::size() / 2 ? low : high).push_back(r);
+    ronde::ProcessSet a = ronde::add_process_set(low);
+    ronde::ProcessSet b = ronde::add_process_set(high);
+    g_set = a.included() ? a : b;
+  }
+  const int n = g_set.size();
   const double factor = bus_factor(op, n);
   const std::string backend = ronde::host_backend();
   const bool reduces = op == Op::Allreduce || op == Op::Reducescatter;
   std::ostringstream json;
   json << "{\"benchmark\":\"allreduce\",\"impl\":\"ronde\",\"op\":\""
-       << op_name(op) << "\",\"ranks\":" << n << ",\"dtype\":\"float32\"";
+       << op_name(op) << "\",\"ranks\":" << n << ",\"job_ranks\":"
+       << ronde::size() << ",\"process_set\":\"" << s.process_set
+       << "\",\"dtype\":\"float32\"";
   if (reduces)
     json << ",\"reduce_op\":\"sum\"";
   if (op == Op::Broadcast)
@@ -376,17 +404,23 @@ int main(int argc, char** argv) {
         op = parse_op(next());
       else if (a == "--memcpy")
         memcpy_mode = true;
+      else if (a == "--process-set")
+        s.process_set = next();
       else
         throw std::invalid_argument("unknown argument " + a);
     }
     if (s.begin < 4 || s.factor <= 1)
       throw std::invalid_argument("-b must be at least 4 and -f above 1");
+    if (s.process_set != "global" && s.process_set != "all" &&
+        s.process_set != "half")
+      throw std::invalid_argument("--process-set: global, all or half");
   } catch (const std::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n"
               << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
                  "[-n 5] [--json FILE]\n"
                  "                       [--op allreduce|broadcast|"
-                 "allgather|reducescatter | --memcpy]\n";
+                 "allgather|reducescatter | --memcpy]\n"
+                 "                       [--process-set global|all|half]\n";
     return 2;
   }
   return memcpy_mode ? run_memcpy(s) : run_collective(op, s);
