@@ -7,8 +7,8 @@
 // threads (and the autograd engine's callbacks) keep running meanwhile.
 #include <ronde/ronde.h>
 
-#include <torch/extension.h>
 #include <pybind11/operators.h>
+#include <torch/extension.h>
 
 #include <chrono>
 #include <optional>
@@ -73,7 +73,8 @@ DistributedOptimizerOptions make_options(
     Compression compression,
     bool rebuild_buckets,
     bool autotune,
-    const ProcessSet& process_set) {
+    const ProcessSet& process_set,
+    bool divide_by_set_size) {
   return DistributedOptimizerOptions()
       .fusion_threshold_mb(fusion_threshold_mb)
       .first_bucket_mb(first_bucket_mb)
@@ -85,7 +86,8 @@ DistributedOptimizerOptions make_options(
       .compression(compression)
       .rebuild_buckets(rebuild_buckets)
       .autotune(autotune)
-      .process_set(process_set);
+      .process_set(process_set)
+      .divide_by_set_size(divide_by_set_size);
 }
 
 AllreduceOptions allreduce_options(
@@ -180,9 +182,12 @@ PYBIND11_MODULE(_C, m) {
       .def("is_global", &ProcessSet::is_global)
       .def(py::self == py::self)
       .def(py::self != py::self)
-      .def("__hash__", [](const ProcessSet& s) {
-        return s.is_global() ? 0 : std::hash<const void*>()(s.group().get());
-      })
+      .def(
+          "__hash__",
+          [](const ProcessSet& s) {
+            return s.is_global() ? 0
+                                 : std::hash<const void*>()(s.group().get());
+          })
       .def("__repr__", [](const ProcessSet& s) {
         if (s.is_global())
           return std::string("ProcessSet(global)");
@@ -330,8 +335,7 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "allgather",
-      [](const at::Tensor& t, const std::string& name,
-         const ProcessSet& ps) {
+      [](const at::Tensor& t, const std::string& name, const ProcessSet& ps) {
         return allgather(t, named(name, ps));
       },
       py::arg("tensor"),
@@ -340,8 +344,7 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "allgather_async",
-      [](const at::Tensor& t, const std::string& name,
-         const ProcessSet& ps) {
+      [](const at::Tensor& t, const std::string& name, const ProcessSet& ps) {
         return allgather_async(t, named(name, ps));
       },
       py::arg("tensor"),
@@ -350,10 +353,10 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "broadcast",
-      [](const at::Tensor& t, int root, const std::string& name,
-         const ProcessSet& ps) {
-        return broadcast(t, root, named(name, ps));
-      },
+      [](const at::Tensor& t,
+         int root,
+         const std::string& name,
+         const ProcessSet& ps) { return broadcast(t, root, named(name, ps)); },
       py::arg("tensor"),
       py::arg("root_rank"),
       py::arg("name") = "",
@@ -361,7 +364,9 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "broadcast_",
-      [](const at::Tensor& t, int root, const std::string& name,
+      [](const at::Tensor& t,
+         int root,
+         const std::string& name,
          const ProcessSet& ps) {
         broadcast_(t, root, named(name, ps));
         return t;
@@ -373,7 +378,9 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "broadcast_async",
-      [](const at::Tensor& t, int root, const std::string& name,
+      [](const at::Tensor& t,
+         int root,
+         const std::string& name,
          const ProcessSet& ps) {
         return broadcast_async(t, root, named(name, ps));
       },
@@ -384,7 +391,9 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
   m.def(
       "broadcast_async_",
-      [](const at::Tensor& t, int root, const std::string& name,
+      [](const at::Tensor& t,
+         int root,
+         const std::string& name,
          const ProcessSet& ps) {
         return broadcast_async_(t, root, named(name, ps));
       },
@@ -466,6 +475,12 @@ PYBIND11_MODULE(_C, m) {
       release_gil());
 
   m.def(
+      "join",
+      [](const ProcessSet& ps) { return join(ps); },
+      py::arg("process_set") = ProcessSet(),
+      release_gil());
+
+  m.def(
       "broadcast_parameters",
       [](const std::vector<std::string>& names,
          const std::vector<at::Tensor>& tensors,
@@ -512,7 +527,8 @@ PYBIND11_MODULE(_C, m) {
                       Compression compression,
                       bool rebuild_buckets,
                       bool autotune,
-                      const ProcessSet& process_set) {
+                      const ProcessSet& process_set,
+                      bool divide_by_set_size) {
             return std::make_unique<GradientReducer>(
                 names,
                 params,
@@ -527,7 +543,8 @@ PYBIND11_MODULE(_C, m) {
                     compression,
                     rebuild_buckets,
                     autotune,
-                    process_set));
+                    process_set,
+                    divide_by_set_size));
           }),
           py::arg("names"),
           py::arg("parameters"),
@@ -542,6 +559,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("rebuild_buckets") = true,
           py::arg("autotune") = false,
           py::arg("process_set") = ProcessSet(),
+          py::arg("divide_by_set_size") = false,
           release_gil())
       .def("synchronize", &GradientReducer::synchronize, release_gil())
       .def("synchronized", &GradientReducer::synchronized)
@@ -568,9 +586,11 @@ PYBIND11_MODULE(_C, m) {
           py::arg("first_bucket_mb"),
           py::arg("autotuned"))
       .def("names", &GradientReducer::names)
-      .def("backward_passes_per_step", [](const GradientReducer& r) {
-        return r.options().backward_passes_per_step();
-      })
+      .def(
+          "backward_passes_per_step",
+          [](const GradientReducer& r) {
+            return r.options().backward_passes_per_step();
+          })
       // The engine's step (GradientReducer::step): `update(closure)` is the
       // Python optimizer's own step; `closure` the user's, or None. The GIL
       // is held only while Python code runs, not while waiting on ranks.

@@ -124,10 +124,10 @@ std::unique_ptr<World> connect(
                                            : "ring";
     // The store outlives the World: shutdown() destroys the World first.
     c10d::Store* store = rt.store.get();
-    w->failed_peers = [store, info, timeout = rt.timeout](
-                          const std::vector<int>& among) {
-      return failed_peers(*store, info, timeout, among);
-    };
+    w->failed_peers =
+        [store, info, timeout = rt.timeout](const std::vector<int>& among) {
+          return failed_peers(*store, info, timeout, among);
+        };
   }
   std::vector<int> everyone(info.size);
   for (int r = 0; r < info.size; ++r)

@@ -118,6 +118,41 @@ TEST(DistributedOptimizer, TwoModelsOnTwoProcessSets) {
   }
 }
 
+// Uneven inputs (10, 7, 3 and 5 batches): the last rank to join ends where
+// one process trained on the same batches ends, under each averaging rule,
+// with gradient accumulation, on a process set, and through an overflow.
+TEST(Join, UnevenInputsMatchOneProcess) {
+  const std::vector<std::pair<int, std::string>> cases = {
+      {2, "contrib"},
+      {3, "contrib"},
+      {4, "contrib"},
+      {3, "setsize"},
+      {3, "bpps2"},
+      {3, "set"},
+      {3, "amp"}};
+  for (const auto& [np, variant] : cases) {
+    JobResult r = run_job(ronde::testing::worker_spec({"join", variant}, np));
+    EXPECT_TRUE(r.all_succeeded()) << "np " << np << " " << variant << "\n"
+                                   << r.dump();
+  }
+}
+
+TEST(Join, KilledRankFailsTheJoinedWithCommError) {
+  JobSpec s = ronde::testing::worker_spec({"join_killed"}, 3);
+  s.env["RONDE_TIMEOUT_SECONDS"] = "20";
+  s.timeout = std::chrono::seconds(60);
+  JobResult r = run_job(s);
+  ASSERT_FALSE(r.timed_out) << r.dump();
+  for (const auto& rank : r.ranks) {
+    if (rank.rank == 2)
+      continue;
+    EXPECT_EQ(rank.exit_code, 3) << r.dump();
+    EXPECT_NE(rank.output.find("COMM_ERROR: ronde: join"), std::string::npos)
+        << r.dump();
+  }
+  EXPECT_LT(r.seconds, 40.0) << r.dump();
+}
+
 class TrainingAids
     : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -146,7 +146,8 @@ void check_allreduce(const ronde::ProcessSet& ps = {}) {
         at::Tensor before = x.clone();
         at::Tensor got = ronde::allreduce(
             x,
-            ronde::AllreduceOptions().process_set(ps).op(op).name("t" + std::to_string(seed)));
+            ronde::AllreduceOptions().process_set(ps).op(op).name(
+                "t" + std::to_string(seed)));
         at::Tensor want = reference_reduce(n, seed, shape, dtype, op);
         CHECK_W(
             close(got, want),
@@ -163,7 +164,8 @@ void check_allreduce(const ronde::ProcessSet& ps = {}) {
         at::Tensor col_before = base.select(1, 1).clone();
         if (shape.size() == 1) {
           at::Tensor col_input = col.clone();
-          ronde::allreduce_(col, ronde::AllreduceOptions().process_set(ps).op(op));
+          ronde::allreduce_(
+              col, ronde::AllreduceOptions().process_set(ps).op(op));
           auto wide_ref = [&] {
             // Reference for the column: reduce every rank's column.
             auto w = at::isFloatingType(dtype) ? at::kDouble : at::kLong;
@@ -207,7 +209,8 @@ void check_allreduce(const ronde::ProcessSet& ps = {}) {
   at::Tensor x = input_for(me, 999, {10}, at::kFloat);
   at::Tensor got = ronde::allreduce(
       x,
-      ronde::AllreduceOptions().process_set(ps)
+      ronde::AllreduceOptions()
+          .process_set(ps)
           .op(ronde::ReduceOp::Sum)
           .prescale_factor(0.5)
           .postscale_factor(3.0));
@@ -222,7 +225,8 @@ void check_allgather(const ronde::ProcessSet& ps = {}) {
     // Dim 0 differs per rank (rank 1 sends nothing).
     int64_t rows = me == 1 ? 0 : me + 2;
     at::Tensor x = input_for(me, 5, {rows, 3}, dtype);
-    at::Tensor got = ronde::allgather(x, ronde::CollectiveOptions().process_set(ps).name("g"));
+    at::Tensor got = ronde::allgather(
+        x, ronde::CollectiveOptions().process_set(ps).name("g"));
     std::vector<at::Tensor> parts;
     for (int r = 0; r < n; ++r) {
       parts.push_back(input_for(r, 5, {r == 1 ? 0 : r + 2, 3}, dtype));
@@ -236,7 +240,10 @@ void check_allgather(const ronde::ProcessSet& ps = {}) {
   for (int r = 0; r < n; ++r)
     parts.push_back(input_for(r, 6, {rows_of(r), 3}, at::kFloat));
   CHECK_W(
-      at::equal(ronde::allgather(x, ronde::CollectiveOptions().process_set(ps)), at::cat(parts, 0)), "allgather mixed");
+      at::equal(
+          ronde::allgather(x, ronde::CollectiveOptions().process_set(ps)),
+          at::cat(parts, 0)),
+      "allgather mixed");
 }
 
 void check_broadcast(const ronde::ProcessSet& ps = {}) {
@@ -247,7 +254,8 @@ void check_broadcast(const ronde::ProcessSet& ps = {}) {
       const int64_t rows = dtype == at::kHalf ? 400 : 4;
       at::Tensor x = input_for(me, 40 + root, {rows, 5}, dtype);
       at::Tensor want = input_for(root, 40 + root, {rows, 5}, dtype);
-      at::Tensor got = ronde::broadcast(x, root, ronde::CollectiveOptions().process_set(ps));
+      at::Tensor got =
+          ronde::broadcast(x, root, ronde::CollectiveOptions().process_set(ps));
       CHECK_W(at::equal(got, want), "broadcast root ", root);
       CHECK_W(
           at::equal(x, input_for(me, 40 + root, {rows, 5}, dtype)),
@@ -307,7 +315,8 @@ void check_reducescatter(const ronde::ProcessSet& ps = {}) {
   for (int64_t rows :
        {int64_t(2 * n), int64_t(2 * n + 1), int64_t(1), int64_t(400 * n + 1)}) {
     at::Tensor x = input_for(me, 300 + rows, {rows, 3}, at::kFloat);
-    at::Tensor got = ronde::reducescatter(x, ronde::ReducescatterOptions().process_set(ps));
+    at::Tensor got =
+        ronde::reducescatter(x, ronde::ReducescatterOptions().process_set(ps));
     at::Tensor full = reference_reduce(
         n, 300 + rows, {rows, 3}, at::kFloat, ronde::ReduceOp::Average);
     int64_t base = rows / n, extra = rows % n;
@@ -324,7 +333,8 @@ void check_async(const ronde::ProcessSet& ps = {}) {
   for (int i = 0; i < 8; ++i) {
     inputs.push_back(input_for(me, 500 + i, {1000 + i}, at::kFloat));
     handles.push_back(ronde::allreduce_async(
-        inputs.back(), ronde::AllreduceOptions().process_set(ps).op(ronde::ReduceOp::Sum)));
+        inputs.back(),
+        ronde::AllreduceOptions().process_set(ps).op(ronde::ReduceOp::Sum)));
   }
   for (int i = 7; i >= 0; --i) {
     CHECK_W(handles[i].wait(std::chrono::seconds(60)), "async wait timed out");
@@ -399,7 +409,10 @@ int scenario_process_sets() {
   CHECK_W(
       mine.rank() == (in_first ? me : me - n / 2) &&
           mine.size() == static_cast<int>((in_first ? low : high).size()),
-      "set rank ", mine.rank(), " size ", mine.size());
+      "set rank ",
+      mine.rank(),
+      " size ",
+      mine.size());
   CHECK_W(mine.ranks() == (in_first ? low : high), "ranks()");
   // Both halves at once, each in its own order.
   check_allreduce(mine);
@@ -427,9 +440,13 @@ int scenario_process_sets() {
 
   // A rank outside a set calling on it: an error here, nowhere else.
   expect_error(
-      [&] { ronde::allreduce(at::ones({2}), ronde::AllreduceOptions().process_set(other)); },
+      [&] {
+        ronde::allreduce(
+            at::ones({2}), ronde::AllreduceOptions().process_set(other));
+      },
       {"allreduce on process set " + std::to_string(other.id()),
-       "called on rank " + std::to_string(me), "not in the set"});
+       "called on rank " + std::to_string(me),
+       "not in the set"});
 
   // A mismatch within a set fails on its members, naming the set.
   if (mine.size() > 1) {
@@ -459,19 +476,26 @@ int scenario_process_sets() {
   check_allgather(all);
   CHECK_W(all.ranks()[0] == 0 && all.size() == n, "ranks sorted");
   ronde::remove_process_set(rest);
-  expect_error(
-      [&] { ronde::barrier(rest); }, {"was removed"});
+  expect_error([&] { ronde::barrier(rest); }, {"was removed"});
   CHECK_W(ronde::process_sets().size() == 4, "after one removal");
 
   // Creations that differ between ranks fail on every rank, naming each
   // rank's request; the job goes on.
   expect_error(
-      [&] { ronde::add_process_set(me == 0 ? std::vector<int>{0} : std::vector<int>{0, 1}); },
-      {"add_process_set", "did not all make the same call", "rank 0 [0]",
+      [&] {
+        ronde::add_process_set(
+            me == 0 ? std::vector<int>{0} : std::vector<int>{0, 1});
+      },
+      {"add_process_set",
+       "did not all make the same call",
+       "rank 0 [0]",
        "rank 1 [0, 1]"});
   expect_error(
-      [&] { ronde::add_process_set({0, n}); },
-      {"rank " + std::to_string(n) + " is outside [0, " + std::to_string(n) + ")"});
+      [&] {
+        ronde::add_process_set({0, n});
+      },
+      {"rank " + std::to_string(n) + " is outside [0, " + std::to_string(n) +
+       ")"});
   expect_error([&] { ronde::add_process_set(first); }, {"created already"});
   expect_error(
       [&] { ronde::remove_process_set(ronde::global_process_set()); },

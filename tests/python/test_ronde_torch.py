@@ -153,6 +153,31 @@ def test_process_sets(ranks):
         assert_params_close(ranks.load("params", r), ref)
 
 
+@pytest.mark.parametrize("divide", ["contrib", "size"])
+def test_join_uneven_inputs(ranks, divide):
+    # One process over the same batches: both ranks' for 3 steps, then rank
+    # 0's alone, averaged over the ranks that had data (or over both).
+    from common import STEPS, batch, loss_fn, make_model, make_optimizer
+    assert STEPS == 5
+    model = make_model()
+    opt = make_optimizer("sgd", model.parameters(), 0.05)
+    for step in range(5):
+        active = [0, 1] if step < 3 else [0]
+        opt.zero_grad()
+        losses = [loss_fn(model, *batch(step, 0, r, 2, 1)) for r in active]
+        (sum(losses) / (2 if divide == "size" else len(active))).backward()
+        opt.step()
+    ref = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ranks.run("uneven", f"divide={divide}")
+    for r in range(2):
+        res = ranks.load("uneven", r)
+        assert res["last"] == 0
+        assert_params_close(ranks.load("params", r), ref)
+    # Rank 1's loss counted while it trained, zero once it joined.
+    s0, s1 = ranks.load("uneven", 0)["sums"], ranks.load("uneven", 1)["sums"]
+    assert len(s0) == 5 and s0[:3] == s1
+
+
 def test_errors_are_python_exceptions_with_the_cpp_messages(ranks):
     ranks.run("errors")
     for r in range(2):

@@ -233,6 +233,30 @@ def process_sets(out):
     save(out, "sets", res)
 
 
+def uneven(out, divide="contrib"):
+    """Rank 0 has 5 steps of data, rank 1 has 3; both run them inside
+    rt.Join(); the last to join broadcasts its parameters."""
+    steps = 5 if rt.rank() == 0 else 3
+    model = make_model()
+    opt = rt.DistributedOptimizer(
+        make_optimizer("sgd", model.parameters(), 0.05),
+        named_parameters=model.named_parameters(),
+        divide_by_set_size=divide == "size")
+    sums = []
+    with rt.Join(opt) as j:
+        for step in range(steps):
+            opt.zero_grad()
+            x, y = batch(step, 0, rt.rank(), rt.size(), 1)
+            loss = loss_fn(model, x, y)
+            sums.append(rt.allreduce(loss.detach(), op=rt.Sum).item())
+            loss.backward()
+            opt.step()
+    rt.broadcast_parameters(model.state_dict(), root_rank=j.last_rank)
+    save(out, "params", {n: p.detach().clone()
+                         for n, p in model.named_parameters()})
+    save(out, "uneven", {"last": j.last_rank, "sums": sums})
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -241,7 +265,8 @@ def main():
     rt.init(process_sets=INIT_SETS)
     try:
         {"train": train, "collectives": collectives, "errors": errors,
-         "peer_dies": peer_dies, "process_sets": process_sets}[scenario](
+         "peer_dies": peer_dies, "process_sets": process_sets,
+         "uneven": uneven}[scenario](
              out, **kwargs)
     except Exception:
         traceback.print_exc()

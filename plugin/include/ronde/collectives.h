@@ -159,4 +159,21 @@ at::Tensor reducescatter(
 Handle barrier_async(const ProcessSet& process_set = {});
 void barrier(const ProcessSet& process_set = {});
 
+// Join, for ranks with uneven amounts of data (Horovod's hvd.join): a rank
+// that has run out calls join(), which returns once every rank of the set
+// has called it. Until then it takes part in the collectives the others
+// make on the set (DistributedOptimizer's gradient all-reduces, and any
+// other checked collective) with an input that changes nothing: zeros to a
+// sum or average, no rows to an allgather or alltoall, the identity of a
+// min, max or product. An average then divides by the ranks that
+// contributed, not by the set's size. Returns the set rank that joined
+// last (of several joining at once, the highest), whose parameters are the
+// ones trained on every batch: broadcast_parameters(..., last) makes the
+// others' equal. A joined rank cannot be the root of a broadcast (every
+// rank then fails with a c10::Error), answers only host (CPU) collectives,
+// and cannot answer a call made with verify(false) while it is joined
+// (DistributedOptimizer's buckets keep their first check every step for
+// this). A peer failure ends join() with a CommError, as any collective.
+int join(const ProcessSet& process_set = {});
+
 }  // namespace ronde

@@ -83,6 +83,13 @@ struct DistributedOptimizerOptions {
   // Two sets can train two models at once; a rank outside the set cannot
   // construct the optimizer for it.
   TORCH_ARG(ProcessSet, process_set) = ProcessSet();
+  // While ranks are in ronde::join() (uneven inputs), an average divides
+  // the gradient sum by the ranks that contributed (the default: the step
+  // equals one process over the samples actually seen, each rank's batch
+  // weighing alike), or with this option by the set's size, as DDP's
+  // divide_by_initial_world_size: g = (1/N) * sum over active ranks of g_r.
+  // Without joined ranks both are the mean over the set.
+  TORCH_ARG(bool, divide_by_set_size) = false;
 };
 
 // The bucket sizes the engine uses now: the options', or autotune's choice

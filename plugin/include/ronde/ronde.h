@@ -6,11 +6,11 @@
 #include <ronde/collectives.h>
 #include <ronde/data.h>
 #include <ronde/errors.h>
+#include <ronde/gradient_reducer.h>
 #include <ronde/metrics.h>
 #include <ronde/optimizer.h>
 #include <ronde/process_set.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
-#include <ronde/gradient_reducer.h>
 #include <ronde/timeline.h>
 #include <ronde/version.h>

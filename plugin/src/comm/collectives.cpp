@@ -10,10 +10,12 @@
 #include "comm/world.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace ronde {
 
@@ -138,20 +140,30 @@ void reduce_payloads(
     fn(out.data_ptr(), in.data(), static_cast<int>(n), count);
 }
 
-// An all-reduce in place: scale, reduce, average.
-void reduce_in_place(
+// The ranks whose inputs count: those not in ronde::join() (an average
+// divides by them).
+int contributors(const Communicator& comm, const Exchanged& ex) {
+  return comm.size() - ex.joined_count;
+}
+
+// An all-reduce of `work` in place: from the check's frames when they
+// carried every input, else on the backend; scaled and averaged.
+void allreduce_work(
     Communicator& comm,
-    const Call& call,
+    const Exchanged& ex,
+    const Call& c,
     const at::Tensor& work,
     ReduceOp op,
     double pre,
     double post) {
-  if (pre != 1.0)
-    work.mul_(pre);
-  guarded(comm, call, [&] {
-    comm.allreduce(work, backend_op(op));
-  });
-  finish_reduction(work, comm.size(), op, post);
+  if (!ex.payloads.empty()) {
+    reduce_payloads(ex, work, op, pre);
+  } else {
+    if (pre != 1.0)
+      work.mul_(pre);
+    guarded(comm, c, [&] { comm.allreduce(work, backend_op(op)); });
+  }
+  finish_reduction(work, contributors(comm, ex), op, post);
 }
 
 // The buffer a collective works in: in place, the caller's own storage when
@@ -189,19 +201,34 @@ Handle allreduce_impl(
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        if (!ex.payloads.empty()) {
-          reduce_payloads(ex, work, o.op(), o.prescale_factor());
-          finish_reduction(work, comm.size(), o.op(), o.postscale_factor());
-        } else {
-          reduce_in_place(
-              comm, c, work, o.op(), o.prescale_factor(), o.postscale_factor());
-        }
+        allreduce_work(
+            comm,
+            ex,
+            c,
+            work,
+            o.op(),
+            o.prescale_factor(),
+            o.postscale_factor());
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
       },
       {tensor, work},
       blocking);
+}
+
+void broadcast_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& work,
+    int root) {
+  if (!ex.payloads.empty()) {
+    if (ex.payload_bytes[root] > 0)
+      std::memcpy(work.data_ptr(), ex.payloads[root], ex.payload_bytes[root]);
+  } else {
+    guarded(comm, c, [&] { comm.broadcast(work, root); });
+  }
 }
 
 Handle broadcast_impl(
@@ -229,14 +256,7 @@ Handle broadcast_impl(
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        if (!ex.payloads.empty()) {
-          if (ex.payload_bytes[root] > 0) {
-            std::memcpy(
-                work.data_ptr(), ex.payloads[root], ex.payload_bytes[root]);
-          }
-        } else {
-          guarded(comm, c, [&] { comm.broadcast(work, root); });
-        }
+        broadcast_work(comm, ex, c, work, root);
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;
@@ -256,6 +276,33 @@ std::vector<int64_t> shape_with_dim0(const at::Tensor& t, int64_t dim0) {
   std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
   shape[0] = dim0;
   return shape;
+}
+
+at::Tensor allgather_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in) {
+  const std::vector<Descriptor>& all = ex.all;
+  const int64_t row = row_bytes(in);
+  std::vector<size_t> bytes(all.size());
+  int64_t rows = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    bytes[r] = static_cast<size_t>(all[r].dims[0] * row);
+    rows += all[r].dims[0];
+  }
+  at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
+  if (!ex.payloads.empty()) {
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (bytes[r] > 0)
+        std::memcpy(dst, ex.payloads[r], bytes[r]);
+      dst += bytes[r];
+    }
+  } else {
+    guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
+  }
+  return out;
 }
 
 Handle allgather_impl(
@@ -284,28 +331,7 @@ Handle allgather_impl(
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
-          const Call& c) {
-        const std::vector<Descriptor>& all = ex.all;
-        const int64_t row = row_bytes(in);
-        std::vector<size_t> bytes(all.size());
-        int64_t rows = 0;
-        for (size_t r = 0; r < all.size(); ++r) {
-          bytes[r] = static_cast<size_t>(all[r].dims[0] * row);
-          rows += all[r].dims[0];
-        }
-        at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
-        if (!ex.payloads.empty()) {
-          auto* dst = static_cast<uint8_t*>(out.data_ptr());
-          for (size_t r = 0; r < all.size(); ++r) {
-            if (bytes[r] > 0)
-              std::memcpy(dst, ex.payloads[r], bytes[r]);
-            dst += bytes[r];
-          }
-        } else {
-          guarded(comm, c, [&] { comm.allgather(in, out, bytes); });
-        }
-        state.result = out;
-      },
+          const Call& c) { state.result = allgather_work(comm, ex, c, in); },
       {in},
       blocking);
 }
@@ -347,6 +373,49 @@ std::vector<int64_t> alltoall_splits(
   return splits;
 }
 
+// Sends splits[r] rows of `in` to rank r; returns what came, and in `recv`
+// how many rows from each rank.
+at::Tensor alltoall_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in,
+    const std::vector<int64_t>& splits,
+    std::vector<int64_t>& recv) {
+  const int n = comm.size();
+  // Every rank's send splits, so each knows what it receives.
+  std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
+  auto all = at::from_blob(matrix.data(), {n * n}, at::kLong);
+  if (!ex.payloads.empty()) {
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(
+          matrix.data() + static_cast<size_t>(r) * n,
+          ex.payloads[r],
+          n * sizeof(int64_t));
+    }
+  } else {
+    auto mine =
+        at::from_blob(const_cast<int64_t*>(splits.data()), {n}, at::kLong);
+    guarded(comm, c, [&] {
+      comm.allgather(mine, all, std::vector<size_t>(n, n * sizeof(int64_t)));
+    });
+  }
+  const int me = comm.rank();
+  const int64_t row = row_bytes(in);
+  std::vector<int64_t> send_bytes(n), recv_bytes(n);
+  recv.assign(n, 0);
+  int64_t rows = 0;
+  for (int r = 0; r < n; ++r) {
+    recv[r] = matrix[static_cast<size_t>(r) * n + me];
+    rows += recv[r];
+    send_bytes[r] = splits[r] * row;
+    recv_bytes[r] = recv[r] * row;
+  }
+  at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
+  guarded(comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
+  return out;
+}
+
 Handle alltoall_impl(
     const at::Tensor& tensor, const AlltoallOptions& options, bool blocking) {
   Group& group = group_of(options.process_set(), "alltoall");
@@ -369,47 +438,47 @@ Handle alltoall_impl(
     call.payload = at::tensor(splits, at::kLong);
   return submit(
       std::move(call),
-      [in, splits, n](
+      [in, splits](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        // Every rank's send splits, so each knows what it receives.
-        std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
-        auto all = at::from_blob(matrix.data(), {n * n}, at::kLong);
-        if (!ex.payloads.empty()) {
-          for (int r = 0; r < n; ++r) {
-            std::memcpy(
-                matrix.data() + static_cast<size_t>(r) * n,
-                ex.payloads[r],
-                n * sizeof(int64_t));
-          }
-        } else {
-          auto mine = at::from_blob(
-              const_cast<int64_t*>(splits.data()), {n}, at::kLong);
-          guarded(comm, c, [&] {
-            comm.allgather(
-                mine, all, std::vector<size_t>(n, n * sizeof(int64_t)));
-          });
-        }
-        const int me = comm.rank();
-        const int64_t row = row_bytes(in);
-        std::vector<int64_t> recv(n), send_bytes(n), recv_bytes(n);
-        int64_t rows = 0;
-        for (int r = 0; r < n; ++r) {
-          recv[r] = matrix[static_cast<size_t>(r) * n + me];
-          rows += recv[r];
-          send_bytes[r] = splits[r] * row;
-          recv_bytes[r] = recv[r] * row;
-        }
-        at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
-        guarded(
-            comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
-        state.result = out;
-        state.splits = recv;
+        state.result = alltoall_work(comm, ex, c, in, splits, state.splits);
       },
       {in},
       blocking);
+}
+
+// `in` prescaled already; returns this rank's block of the reduction.
+at::Tensor reducescatter_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in,
+    ReduceOp op,
+    double post) {
+  // Dim 0 split as evenly as it goes, the first blocks one row longer.
+  const int n = comm.size();
+  const int me = comm.rank();
+  const int64_t rows = in.size(0);
+  const int64_t row = row_bytes(in) / in.element_size();
+  auto block_rows = [&](int r) { return rows / n + (r < rows % n); };
+  std::vector<int64_t> counts(n);
+  for (int r = 0; r < n; ++r)
+    counts[r] = block_rows(r) * row;
+  at::Tensor out = at::empty(shape_with_dim0(in, block_rows(me)), in.options());
+  if (!ex.payloads.empty()) {
+    // Reduce this rank's block only.
+    int64_t first = 0;
+    for (int r = 0; r < me; ++r)
+      first += counts[r];
+    reduce_payloads(ex, out, op, 1.0, first, counts[me]);
+  } else {
+    guarded(
+        comm, c, [&] { comm.reduce_scatter(in, out, counts, backend_op(op)); });
+  }
+  finish_reduction(out, contributors(comm, ex), op, post);
+  return out;
 }
 
 Handle reducescatter_impl(
@@ -446,33 +515,8 @@ Handle reducescatter_impl(
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        // Dim 0 split as evenly as it goes, the first blocks one row longer.
-        const int n = comm.size();
-        const int me = comm.rank();
-        const int64_t rows = in.size(0);
-        const int64_t row = row_bytes(in) / in.element_size();
-        auto block_rows = [&](int r) { return rows / n + (r < rows % n); };
-        std::vector<int64_t> counts(n);
-        for (int r = 0; r < n; ++r)
-          counts[r] = block_rows(r) * row;
-        at::Tensor out =
-            at::empty(shape_with_dim0(in, block_rows(me)), in.options());
-        if (!ex.payloads.empty()) {
-          // Prescaled at submit: reduce this rank's block only.
-          int64_t first = 0;
-          for (int r = 0; r < me; ++r)
-            first += counts[r];
-          reduce_payloads(ex, out, o.op(), 1.0, first, counts[me]);
-        } else {
-          guarded(comm, c, [&] {
-            comm.reduce_scatter(in, out, counts, backend_op(o.op()));
-          });
-        }
-        if (o.op() == ReduceOp::Average && n > 1)
-          out.div_(n);
-        if (o.postscale_factor() != 1.0)
-          out.mul_(o.postscale_factor());
-        state.result = out;
+        state.result =
+            reducescatter_work(comm, ex, c, in, o.op(), o.postscale_factor());
       },
       {in},
       blocking);
@@ -482,8 +526,8 @@ Handle barrier_impl(const ProcessSet& set, bool blocking) {
   // The descriptor exchange is itself an all-gather, which no rank leaves
   // before every rank entered: it is the barrier, and it checks the call.
   Group& group = group_of(set, "barrier");
-  Call call = make_call(
-      group, OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
+  Call call =
+      make_call(group, OpKind::Barrier, at::Tensor(), "", true, -1, -1, "");
   return submit(
       std::move(call),
       [](Communicator&, HandleState&, const Exchanged&, const Call&) {},
@@ -491,8 +535,116 @@ Handle barrier_impl(const ProcessSet& set, bool blocking) {
       blocking);
 }
 
+// An input of the call `d` that changes nothing: what a rank in
+// ronde::join() contributes (zeros to a sum, the largest value to a min,
+// no rows to an allgather or alltoall, ...).
+at::Scalar identity_of(ReduceOp op, at::ScalarType dtype) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Average:
+      return 0;
+    case ReduceOp::Product:
+      return 1;
+    case ReduceOp::Min:
+    case ReduceOp::Max:
+      break;
+  }
+  const bool highest = op == ReduceOp::Min;
+  if (at::isFloatingType(dtype)) {
+    const double inf = std::numeric_limits<double>::infinity();
+    return highest ? inf : -inf;
+  }
+  return AT_DISPATCH_INTEGRAL_TYPES(dtype, "identity_of", [&] {
+    return at::Scalar(
+        highest ? std::numeric_limits<scalar_t>::max()
+                : std::numeric_limits<scalar_t>::lowest());
+  });
+}
+
+// A rank in ronde::join() takes part in the call the others made (its
+// descriptor stands in for theirs: jobs.cpp), through the same body, with
+// an input that changes nothing; the result is dropped.
+void answer_as_joined(Communicator& comm, const Exchanged& ex, const Call& c) {
+  const Descriptor& d = ex.all[comm.rank()];
+  const auto kind = static_cast<OpKind>(d.kind);
+  if (kind == OpKind::Barrier)
+    return;
+  const auto dtype = static_cast<at::ScalarType>(d.dtype);
+  const std::vector<int64_t> shape(d.dims, d.dims + d.ndim);
+  const auto options = at::TensorOptions().dtype(dtype);
+  const auto op = static_cast<ReduceOp>(d.op);
+  switch (kind) {
+    case OpKind::Allreduce:
+      allreduce_work(
+          comm,
+          ex,
+          c,
+          at::full(shape, identity_of(op, dtype), options),
+          op,
+          1.0,
+          1.0);
+      break;
+    case OpKind::Broadcast:
+      broadcast_work(comm, ex, c, at::empty(shape, options), d.root);
+      break;
+    case OpKind::Allgather:
+      allgather_work(comm, ex, c, at::empty(shape, options));
+      break;
+    case OpKind::Alltoall: {
+      std::vector<int64_t> recv;
+      alltoall_work(
+          comm,
+          ex,
+          c,
+          at::empty(shape, options),
+          std::vector<int64_t>(comm.size(), 0),
+          recv);
+      break;
+    }
+    case OpKind::Reducescatter:
+      reducescatter_work(
+          comm,
+          ex,
+          c,
+          at::full(shape, identity_of(op, dtype), options),
+          op,
+          1.0);
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "join: no answer to ", to_string(kind));
+  }
+}
+
+int join_impl(const ProcessSet& set) {
+  Group& group = group_of(set, "join");
+  for (;;) {
+    Call call = make_call(
+        group, OpKind::Join, at::Tensor(), "ronde.join", true, -1, -1, "");
+    Handle h = submit(
+        std::move(call),
+        [](Communicator& comm,
+           HandleState& state,
+           const Exchanged& ex,
+           const Call& c) {
+          if (!ex.all_joined)
+            answer_as_joined(comm, ex, c);
+          state.result =
+              at::full({1}, ex.all_joined ? ex.last_joined : -1, at::kLong);
+        },
+        {},
+        /*blocking=*/true);
+    const int64_t last = h.result().item<int64_t>();
+    if (last >= 0)
+      return static_cast<int>(last);
+  }
+}
+
 }  // namespace
 }  // namespace detail
+
+int join(const ProcessSet& process_set) {
+  return detail::join_impl(process_set);
+}
 
 // The blocking forms wait at once: their job may run on the caller's thread.
 constexpr bool kAsync = false;

@@ -21,10 +21,6 @@ void copy_text(char* dst, size_t cap, const std::string& s) {
   dst[n] = '\0';
 }
 
-bool ragged(OpKind kind) {
-  return kind == OpKind::Allgather || kind == OpKind::Alltoall;
-}
-
 std::string shape_text(const Descriptor& d, bool skip_dim0) {
   if (d.ndim < 0)
     return "<undefined>";
@@ -58,7 +54,7 @@ std::string signature(const Descriptor& d) {
     os << "(" << to_string(static_cast<ReduceOp>(d.op)) << ")";
   if (d.root >= 0)
     os << "(root " << d.root << ")";
-  if (kind != OpKind::Barrier)
+  if (kind != OpKind::Barrier && kind != OpKind::Join)
     os << " " << shape_text(d, ragged(kind));
   if (d.name[0] != '\0')
     os << " '" << field(d.name) << "'";
@@ -73,7 +69,8 @@ std::string signature(const Descriptor& d) {
 bool same_call(const Descriptor& a, const Descriptor& b) {
   if (a.kind != b.kind || a.op != b.op || a.root != b.root)
     return false;
-  if (static_cast<OpKind>(a.kind) != OpKind::Barrier) {
+  const auto kind = static_cast<OpKind>(a.kind);
+  if (kind != OpKind::Barrier && kind != OpKind::Join) {
     if (a.dtype != b.dtype || a.ndim != b.ndim)
       return false;
     const int first = ragged(static_cast<OpKind>(a.kind)) ? 1 : 0;
@@ -116,6 +113,10 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
+bool ragged(OpKind kind) {
+  return kind == OpKind::Allgather || kind == OpKind::Alltoall;
+}
+
 const char* to_string(OpKind k) {
   switch (k) {
     case OpKind::Allreduce:
@@ -130,6 +131,8 @@ const char* to_string(OpKind k) {
       return "reducescatter";
     case OpKind::Barrier:
       return "barrier";
+    case OpKind::Join:
+      return "join";
   }
   return "unknown";
 }
@@ -148,7 +151,7 @@ Descriptor describe(
   d.root = root;
   copy_text(d.name, sizeof(d.name), name);
   copy_text(d.backend, sizeof(d.backend), backend);
-  if (kind != OpKind::Barrier) {
+  if (kind != OpKind::Barrier && kind != OpKind::Join) {
     if (!t.defined()) {
       error = "the tensor is undefined";
     } else {

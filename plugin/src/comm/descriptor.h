@@ -21,9 +21,13 @@ enum class OpKind : int32_t {
   Alltoall,
   Reducescatter,
   Barrier,
+  // A rank in ronde::join(): it answers whatever the others call.
+  Join,
 };
 
 const char* to_string(OpKind k);
+// Whether ranks may pass different dim 0s (allgather, alltoall).
+bool ragged(OpKind kind);
 
 constexpr uint32_t kDescriptorMagic = 0x524f4e44;  // "ROND"
 constexpr int kMaxDims = 16;
@@ -83,6 +87,7 @@ static_assert(sizeof(FrameHeader) == 32);
 constexpr uint32_t kFrameComplaint = 1;   // this rank reports an error
 constexpr uint32_t kFrameUnverified = 2;  // not yet verified in full here
 constexpr uint32_t kFrameInline = 4;      // the payload follows the header
+constexpr uint32_t kFrameJoined = 8;      // a rank in ronde::join()
 
 // The payload bytes a frame carries in a job of `ranks`: 4 KiB up to 16
 // ranks, then 64 KiB / ranks (at least 512), so that a frame exchange moves

@@ -27,10 +27,64 @@
 namespace ronde::detail {
 namespace {
 
+// The descriptors of ranks in ronde::join() become the call the others
+// made (the first of them, which check_descriptors() then holds the rest
+// to), with no complaint and, where ranks may differ there, dim 0 zero:
+// every body then runs on a joined rank as on the others, with an input
+// that changes nothing. Fails alike on every rank for a call that a joined
+// rank cannot answer.
+void stand_in_for_joined(
+    std::vector<Descriptor>& all, const std::vector<char>& joined) {
+  int active = -1;
+  for (size_t r = 0; r < all.size() && active < 0; ++r) {
+    if (!joined[r])
+      active = static_cast<int>(r);
+  }
+  const Descriptor& call = all[active];
+  const auto kind = static_cast<OpKind>(call.kind);
+  // Bounded: a peer's bytes need not end in a terminator.
+  const std::string name =
+      call.name[0]
+          ? " '" +
+                std::string(call.name, strnlen(call.name, sizeof(call.name))) +
+                "'"
+          : std::string();
+  const std::string backend(
+      call.backend, strnlen(call.backend, sizeof(call.backend)));
+  TORCH_CHECK(
+      kind != OpKind::Broadcast || call.root < 0 ||
+          call.root >= static_cast<int>(all.size()) || !joined[call.root],
+      "ronde: broadcast",
+      name,
+      " from rank ",
+      call.root,
+      ", which is in ronde::join(): a joined rank has nothing to send");
+  TORCH_CHECK(
+      call.backend[0] == '\0',
+      "ronde: ",
+      to_string(kind),
+      name,
+      " on ",
+      backend,
+      " while a rank is in ronde::join(): joined ranks answer host "
+      "collectives only");
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!joined[r])
+      continue;
+    all[r] = call;
+    all[r].error[0] = '\0';
+    if (ragged(kind) && all[r].ndim > 0)
+      all[r].dims[0] = 0;
+  }
+}
+
 // Exchanges the full descriptors and throws the same c10::Error on every
 // rank if they disagree or any rank reported a problem with its input.
 std::vector<Descriptor> exchange_descriptors(
-    Communicator& comm, const Group& g, const Descriptor& mine) {
+    Communicator& comm,
+    const Group& g,
+    const Descriptor& mine,
+    const std::vector<char>& joined) {
   const int n = comm.size();
   std::vector<Descriptor> all(n);
   auto in = at::from_blob(
@@ -38,6 +92,8 @@ std::vector<Descriptor> exchange_descriptors(
   auto out = at::from_blob(
       all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
   comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
+  if (!joined.empty())
+    stand_in_for_joined(all, joined);
   if (g.is_global()) {
     check_descriptors(all, comm.rank());
     return all;
@@ -81,6 +137,8 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
     head.flags |= kFrameComplaint;
   if (!g.verified_calls.count(fp))
     head.flags |= kFrameUnverified;
+  if (call.kind == OpKind::Join)
+    head.flags |= kFrameJoined;
   const at::Tensor& p = call.payload;
   const size_t payload_bytes = p.defined() ? p.nbytes() : 0;
   const bool send_inline = p.defined() && payload_bytes <= cap;
@@ -104,6 +162,8 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
   comm.allgather(mine, frames, std::vector<size_t>(n, frame));
   const uint8_t* base = frames_buf.data();
   std::vector<FrameHeader> heads(n);
+  std::vector<char> joined(n, 0);
+  int joined_count = 0;
   bool settled = true;
   bool all_inline = true;
   for (int r = 0; r < n; ++r) {
@@ -112,13 +172,42 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
         heads[r].magic == kDescriptorMagic,
         "ronde: corrupt collective frame from rank ",
         r);
+    joined[r] = (heads[r].flags & kFrameJoined) != 0;
+    joined_count += joined[r];
     settled = settled && heads[r].fingerprint == heads[0].fingerprint &&
-        (heads[r].flags & (kFrameComplaint | kFrameUnverified)) == 0;
+              (heads[r].flags &
+               (kFrameComplaint | kFrameUnverified | kFrameJoined)) == 0;
     all_inline = all_inline && (heads[r].flags & kFrameInline) &&
         heads[r].inline_bytes >= 0 &&
         static_cast<size_t>(heads[r].inline_bytes) <= cap;
   }
   Exchanged ex;
+  // Who joined since the last checked call: the highest of them is the
+  // last to have joined (every rank sees the same frames).
+  if (joined_count > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (joined[r] && (g.joined.empty() || !g.joined[r]))
+        g.last_joined = r;
+    }
+  }
+  if (joined_count == n) {
+    // Every rank is in ronde::join(): it is over, here and everywhere.
+    ex.all_joined = true;
+    ex.last_joined = g.last_joined;
+    g.joined.clear();
+    g.any_joined = false;
+    g.last_joined = -1;
+    return ex;
+  }
+  g.any_joined = joined_count > 0;
+  if (joined_count > 0) {
+    g.joined = joined;
+    ex.joined = joined;
+    ex.joined_count = joined_count;
+  } else {
+    g.joined.clear();
+    g.last_joined = -1;
+  }
   if (settled) {
     // Every rank made the same call as this one but for a ragged dim 0.
     ex.all.assign(n, call.desc);
@@ -127,10 +216,12 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
         ex.all[r].dims[0] = heads[r].dim0;
     }
   } else {
-    ex.all = exchange_descriptors(comm, g, call.desc);
+    ex.all = exchange_descriptors(comm, g, call.desc, ex.joined);
     if (g.verified_calls.size() >= 4096)
       g.verified_calls.clear();  // on every rank alike, at the same call
-    g.verified_calls.insert(fp);
+    // The agreed call's, also on a joined rank: every rank's set stays the
+    // same.
+    g.verified_calls.insert(fingerprint(ex.all[comm.rank()]));
   }
   if (all_inline) {
     uint8_t* bytes = frames_buf.data();
@@ -244,8 +335,12 @@ Handle submit(
         // The exchange first (host memory only): ranks that disagree, on
         // the backend too, learn it before a device backend connects.
         Exchanged ex;
-        if (call.verify) {
-          guarded(comm, call, [&] { ex = check_call(comm, *call.group, call); });
+        // While a member is in ronde::join(), every call is checked: the
+        // frames tell it what to answer. Decided here, when the job runs,
+        // from what the last check showed: the same on every rank.
+        if (call.verify || call.group->any_joined) {
+          guarded(
+              comm, call, [&] { ex = check_call(comm, *call.group, call); });
         }
         std::optional<c10::Stream> exec;
         if (fence) {

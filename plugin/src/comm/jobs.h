@@ -46,6 +46,14 @@ struct Exchanged {
   // job (writable, valid until its next job).
   std::vector<uint8_t*> payloads;
   std::vector<size_t> payload_bytes;
+  // Ranks in ronde::join() (by set rank; empty: none). Their descriptors in
+  // `all` are the call the others made, with dim 0 zero where it may
+  // differ: they take part with an input that changes nothing.
+  std::vector<char> joined;
+  int joined_count = 0;
+  // Every rank has joined: the join is over, and this set rank joined last.
+  bool all_joined = false;
+  int last_joined = -1;
 };
 
 // A call on `t` (undefined for a barrier) by this rank in `group`; `error`
@@ -64,10 +72,10 @@ Call make_call(
 using Body = std::function<
     void(Communicator&, HandleState&, const Exchanged&, const Call&)>;
 
-// Queues the job on its group's worker. `uses` are tensors made on the caller's side that the job
-// reads or writes: on a device they are marked as used by the job's stream
-// too. `blocking`: the caller waits on the handle at once, so the job may
-// run on the caller's thread (see CommWorker::submit).
+// Queues the job on its group's worker. `uses` are tensors made on the caller's
+// side that the job reads or writes: on a device they are marked as used by the
+// job's stream too. `blocking`: the caller waits on the handle at once, so the
+// job may run on the caller's thread (see CommWorker::submit).
 Handle submit(
     Call call, Body body, std::vector<at::Tensor> uses, bool blocking);
 

@@ -25,8 +25,8 @@ namespace {
 std::vector<std::string> exchange_texts(
     const std::string& mine, const std::string& name) {
   const CollectiveOptions o = CollectiveOptions().name(name);
-  at::Tensor lengths = allgather(
-      at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), o);
+  at::Tensor lengths =
+      allgather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), o);
   at::Tensor bytes = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
   if (!mine.empty())
     std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
@@ -71,7 +71,7 @@ std::string invalid_ranks(const std::vector<int>& ranks, int size) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= size) {
       return "rank " + std::to_string(ranks[i]) + " is outside [0, " +
-          std::to_string(size) + ")";
+             std::to_string(size) + ")";
     }
     if (i > 0 && ranks[i] == ranks[i - 1])
       return "rank " + std::to_string(ranks[i]) + " appears twice";
@@ -213,8 +213,7 @@ ProcessSet add_process_set(const ProcessSet& set) {
   g.epoch = w.epoch;
   g.size = static_cast<int>(g.ranks.size());
   auto it = std::find(g.ranks.begin(), g.ranks.end(), w.rank);
-  g.rank = it == g.ranks.end() ? -1
-                               : static_cast<int>(it - g.ranks.begin());
+  g.rank = it == g.ranks.end() ? -1 : static_cast<int>(it - g.ranks.begin());
   g.verified_calls.clear();
   if (g.rank >= 0) {
     try {
@@ -240,7 +239,7 @@ void remove_process_set(const ProcessSet& set) {
     mine = "remove " + std::to_string(g.id) + " " + detail::rank_list(g.ranks);
   } else {
     mine = "!remove " + detail::rank_list(g.ranks) +
-        " (not a process set of the job)";
+           " (not a process set of the job)";
   }
   if (w.size > 1) {
     detail::check_agreement(

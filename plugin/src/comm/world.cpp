@@ -59,8 +59,9 @@ Group& group_of(const ProcessSet& set, const char* caller) {
       w.rank,
       ": process set ",
       rank_list(g.ranks),
-      g.id < 0 && g.epoch == w.epoch && g.epoch != 0 ? " was removed"
-                                                     : " is not part of the job",
+      g.id < 0 && g.epoch == w.epoch && g.epoch != 0
+          ? " was removed"
+          : " is not part of the job",
       " (create it on every rank with ronde::add_process_set() or "
       "InitOptions::process_sets)");
   TORCH_CHECK(

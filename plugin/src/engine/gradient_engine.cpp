@@ -291,6 +291,12 @@ void GradientEngine::launch(size_t bi) {
   const int64_t k = options_.backward_passes_per_step();
   if (k > 1 && options_.average_aggregated_gradients())
     post /= k;
+  ReduceOp op = options_.op();
+  if (op == ReduceOp::Average && options_.divide_by_set_size()) {
+    // The same mean without joined ranks; with them, over the whole set.
+    op = ReduceOp::Sum;
+    post /= options_.process_set().size();
+  }
   profile_.hooks_before_launch.push_back(hooks_);
   profile_.hooks = hooks_;
   at::Tensor target = b.buffer;
@@ -308,14 +314,16 @@ void GradientEngine::launch(size_t bi) {
   state.handle = allreduce_async_(
       target,
       AllreduceOptions()
-          .op(options_.op())
+          .op(op)
           .prescale_factor(1.0 / f)
           .postscale_factor(post)
           .name(b.name)
           .process_set(options_.process_set())
           // Bucket layouts were checked on the first step; later steps
-          // skip the descriptor exchange.
-          .verify(!verified_));
+          // skip the descriptor exchange but for the first bucket, whose
+          // check tells a rank in ronde::join() that a step began (and
+          // makes the others check the rest of it while one is).
+          .verify(!verified_ || bi == 0));
   state.launched = true;
 }
 

@@ -80,7 +80,9 @@ void broadcast_optimizer_state(
   broadcast_(
       data,
       root_rank,
-      CollectiveOptions().name("ronde.optimizer_state").process_set(process_set));
+      CollectiveOptions()
+          .name("ronde.optimizer_state")
+          .process_set(process_set));
   if (!root) {
     std::istringstream is(
         std::string(static_cast<const char*>(data.data_ptr()), data.numel()));

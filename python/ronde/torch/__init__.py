@@ -156,6 +156,59 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
         optimizer.load_state_dict(state)
 
 
+def join(process_set=None):
+    """Horovod's ``hvd.join()``: this rank has run out of data. Until every
+    rank of the set has called it, it takes part in the others' collectives
+    with inputs that change nothing (zeros in their gradient all-reduces);
+    returns the (set) rank that joined last. See ``Join``."""
+    return _C.join(process_set=_set_or_global(process_set))
+
+
+class Join:
+    """Uneven inputs, as DDP's ``Join`` context manager and Horovod's
+    ``hvd.join()``: every rank runs its own number of steps inside
+    ``with rt.Join():``; a rank whose loop ends waits at the exit, taking
+    part meanwhile in the others' gradient all-reduces (and their other
+    collectives) with inputs that change nothing, until every rank got
+    there. Afterwards ``last_rank`` is the (set) rank that joined last, the
+    one whose model saw every step::
+
+        with rt.Join(opt) as j:
+            for x, y in my_uneven_shard:
+                ...
+        rt.broadcast_parameters(model.state_dict(), root_rank=j.last_rank)
+
+    The set joined is ``process_set``, else that of the distributed
+    optimizers given (which must share one), else the whole job.
+    """
+
+    def __init__(self, *optimizers, process_set=None):
+        sets = []
+        for opt in optimizers:
+            if not hasattr(opt, "_ronde_process_set"):
+                raise TypeError("ronde: Join takes optimizers made by "
+                                "rt.DistributedOptimizer, got "
+                                f"{type(opt).__name__}")
+            if opt._ronde_process_set not in sets:
+                sets.append(opt._ronde_process_set)
+        if process_set is None and len(sets) > 1:
+            raise ValueError("ronde: Join: these optimizers average over "
+                             f"different process sets ({sets}); pass "
+                             "process_set=")
+        if process_set is None and sets:
+            process_set = sets[0]
+        self.process_set = process_set
+        self.last_rank = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.last_rank = join(_set_or_global(self.process_set))
+        return False
+
+
 from ._optimizer import (  # noqa: E402,F401
     DistributedOptimizer,
     GradScaler,

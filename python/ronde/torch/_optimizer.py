@@ -125,7 +125,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          compression=_C.Compression.none,
                          lr_scaling=_C.LrScaling.none,
                          rebuild_buckets=True, autotune=False,
-                         process_set=None):
+                         process_set=None, divide_by_set_size=False):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -148,7 +148,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     set, overrides ``autotune``); state_dict() keeps autotune's choice
     under "ronde_bucket_sizing" and load_state_dict() restores it.
     ``process_set``: average over that set's ranks only (its size also
-    sets the LR scaling); None: the whole job.
+    sets the LR scaling); None: the whole job. ``divide_by_set_size``:
+    while ranks are in ``rt.join()``, divide by the set's size instead of
+    by the ranks that contributed.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -196,7 +198,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         compression=compression,
         rebuild_buckets=rebuild_buckets,
         autotune=autotune,
-        process_set=process_set)
+        process_set=process_set,
+        divide_by_set_size=divide_by_set_size)
     factor = _C.lr_scale_factor(lr_scaling, process_set.size(),
                                 backward_passes_per_step)
     for group in optimizer.param_groups:
@@ -208,6 +211,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer.__class__ = _distributed_class(base)
     optimizer._ronde_base_class = base
     optimizer._ronde_reducer = reducer
+    optimizer._ronde_process_set = process_set
     optimizer._ronde_should_synchronize = True
     optimizer._ronde_lr_scale_factor = factor
     return optimizer
