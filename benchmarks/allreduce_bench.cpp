@@ -304,9 +304,9 @@ int run_collective(Op op, const Sweep& s) {
   const bool reduces = op == Op::Allreduce || op == Op::Reducescatter;
   std::ostringstream json;
   json << "{\"benchmark\":\"allreduce\",\"impl\":\"ronde\",\"op\":\""
-       << op_name(op) << "\",\"ranks\":" << n << ",\"job_ranks\":"
-       << ronde::size() << ",\"process_set\":\"" << s.process_set
-       << "\",\"dtype\":\"float32\"";
+       << op_name(op) << "\",\"ranks\":" << n
+       << ",\"job_ranks\":" << ronde::size() << ",\"process_set\":\""
+       << s.process_set << "\",\"dtype\":\"float32\"";
   if (reduces)
     json << ",\"reduce_op\":\"sum\"";
   if (op == Op::Broadcast)

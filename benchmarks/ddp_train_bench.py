@@ -13,6 +13,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def make_workload(name):
+    """The model, batch size and one batch (x, y) of a workload: what the
+    Python training benchmarks (py_train_bench.py, join_bench.py) share."""
+    if name == "mlp":
+        model, batch = make_mlp(), 64
+        x, y = torch.randn(batch, 1024), torch.randint(0, 1000, (batch,))
+    else:
+        model, batch = ResNet18(), 32
+        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    return model, batch, x, y
+
+
 def make_mlp():
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(),
                          nn.Linear(4096, 4096), nn.ReLU(),
@@ -75,12 +87,7 @@ def main():
     port = int(os.environ.get("RONDE_RENDEZVOUS_PORT") or os.environ["MASTER_PORT"])
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
                             rank=rank, world_size=size)
-    if a.workload == "mlp":
-        model, batch = make_mlp(), 64
-        x, y = torch.randn(batch, 1024), torch.randint(0, 1000, (batch,))
-    else:
-        model, batch = ResNet18(), 32
-        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    model, batch, x, y = make_workload(a.workload)
     # Buffers are not re-broadcast every step: ronde does not do it either.
     try:
         ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)

@@ -39,12 +39,7 @@ def worker(a):
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rt.init()
-    if a.workload == "mlp":
-        model, batch = models.make_mlp(), 64
-        x, y = torch.randn(batch, 1024), torch.randint(0, 1000, (batch,))
-    else:
-        model, batch = models.ResNet18(), 32
-        x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    model, batch, x, y = models.make_workload(a.workload)
     rt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
