@@ -72,6 +72,23 @@ TEST(Descriptor, RaggedCollectivesMayDifferInDimZero) {
       verdict({sum_call(at::zeros({2, 3})), sum_call(at::zeros({3, 3}))}), "");
 }
 
+// A rank in ronde::join() describes no tensor; its descriptor agrees with
+// another joined rank's, and a collective facing it names the join (the
+// check replaces a joined rank's descriptor before it gets here: jobs.cpp).
+TEST(Descriptor, JoinIsACallWithoutATensor) {
+  const Descriptor j = call(OpKind::Join, at::Tensor(), "ronde.join");
+  EXPECT_EQ(j.error[0], '\0');
+  EXPECT_EQ(j.ndim, -1);
+  EXPECT_EQ(verdict({j, j}), "");
+  EXPECT_EQ(
+      verdict({sum_call(at::zeros({2})), j}),
+      "ronde: ranks disagree on a collective (seen on rank 0): rank 0 called "
+      "allreduce(sum) Float[2] 'x'; rank 1 called join 'ronde.join'");
+  EXPECT_TRUE(ronde::detail::ragged(OpKind::Allgather));
+  EXPECT_TRUE(ronde::detail::ragged(OpKind::Alltoall));
+  EXPECT_FALSE(ronde::detail::ragged(OpKind::Join));
+}
+
 TEST(Descriptor, ShapeMismatchNamesEveryGroupInRankOrder) {
   const at::Tensor a = at::zeros({4, 5});
   const at::Tensor b = at::zeros({4, 6});
