@@ -228,6 +228,24 @@ TEST(Checkpoint, AWriterKilledMidFileLosesOnlyThatCheckpoint) {
   EXPECT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
 }
 
+// Saved by the ranks still training while the last is in ronde::join();
+// restored by all (worker_checkpoint.cpp, scenario_save_while_joined).
+TEST(Checkpoint, SavedWhileARankHasJoined) {
+  const std::string dir = ronde::testing::make_temp_dir();
+  JobResult r = run_job(worker_spec({"save_while_joined", dir}, 3));
+  ASSERT_TRUE(r.all_succeeded()) << r.dump();
+  EXPECT_NE(
+      r.ranks[2].output.find(
+          "was saved while this rank was in ronde::join(): its random "
+          "number generators are not restored"),
+      std::string::npos)
+      << r.dump();
+  for (int q = 0; q < 2; ++q) {
+    EXPECT_EQ(r.ranks[q].output.find("not restored"), std::string::npos)
+        << r.dump();
+  }
+}
+
 TEST(Checkpoint, TwoJobsOnOneMachineDoNotInterfere) {
   auto root = ronde::testing::make_temp_dir();
   // Distinct job ids and ports, started at once.

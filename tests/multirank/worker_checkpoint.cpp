@@ -184,8 +184,74 @@ int scenario_stall(double sleep_s) {
 
 }  // namespace
 
+// A checkpoint saved while the last rank is in ronde::join(), restored
+// once every rank is back: the model as the others saved it on every rank,
+// their random streams as they were at the save, and on the joined rank
+// its own stream untouched and one line saying it was not saved.
+int scenario_save_while_joined(const std::string& dir) {
+  ronde::init();
+  const int n = ronde::size(), rank = ronde::rank();
+  const bool joins_early = rank == n - 1;
+  torch::manual_seed(0);
+  torch::nn::Linear net(8, 4);
+  ronde::DistributedOptimizer opt(
+      std::make_shared<torch::optim::SGD>(
+          net->parameters(), torch::optim::SGDOptions(0.1)),
+      net->named_parameters());
+  ronde::Checkpointer ckpt(dir, /*every_n_steps=*/1000, /*keep_last=*/2);
+  ckpt.add("model", *net).add("optimizer", opt);
+  torch::manual_seed(100 + rank);  // a stream of its own per rank
+  auto params = [&] {
+    return torch::cat({net->weight.detach().reshape({-1}), net->bias.detach()});
+  };
+  torch::Tensor saved, next_draw;
+  for (int s = 0; s < (joins_early ? 1 : 3); ++s) {
+    opt.zero_grad();
+    net->forward(torch::rand({2, 8})).sum().backward();
+    opt.step();
+  }
+  if (!joins_early) {
+    ckpt.save(3);
+    saved = params().clone();
+    next_draw = torch::rand({4});  // what follows the saved stream
+  }
+  ronde::join();
+  {
+    torch::NoGradGuard g;
+    net->weight.add_(1);
+  }
+  auto gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor state_before = gen.get_state();
+  const auto step = ckpt.restore();
+  int failures = 0;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      ++failures;
+      std::cout << "FAILED on rank " << rank << ": " << what << std::endl;
+    }
+  };
+  check(step && *step == 3, "restore() did not find step 3");
+  at::Tensor all = ronde::allgather(params().unsqueeze(0));
+  for (int q = 1; q < n; ++q)
+    check(torch::equal(all[q], all[0]), "replica " + std::to_string(q));
+  if (joins_early) {
+    check(
+        torch::equal(gen.get_state(), state_before),
+        "the joined rank's generator changed");
+  } else {
+    check(torch::equal(params(), saved), "the model is not the saved one");
+    check(
+        torch::equal(torch::rand({4}), next_draw),
+        "the random stream is not the saved one");
+  }
+  ronde::shutdown();
+  return failures == 0 ? 0 : 1;
+}
+
 int run_checkpoint_scenario(int argc, char** argv) {
   std::string name = argc > 1 ? argv[1] : "";
+  if (name == "save_while_joined" && argc == 3)
+    return scenario_save_while_joined(argv[2]);
   if (name == "stall") {
     return scenario_stall(argc > 2 ? std::stod(argv[2]) : 5);
   }

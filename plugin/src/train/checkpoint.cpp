@@ -457,7 +457,11 @@ void Checkpointer::save(int64_t step) {
   // seeded per rank) resumes where it was.
   auto rng = cpu_rng_state().unsqueeze(0);
   auto rng_dev = device_rng_record().unsqueeze(0);
+  // Whose rows those are: a rank in ronde::join() sends none.
+  auto rng_ranks = at::full({1}, static_cast<int64_t>(my_rank()), at::kLong);
   if (distributed()) {
+    rng_ranks = allgather(
+        rng_ranks, CollectiveOptions().name("ronde.checkpoint.rng_ranks"));
     rng = allgather(rng, CollectiveOptions().name("ronde.checkpoint.rng"));
     rng_dev = allgather(
         rng_dev, CollectiveOptions().name("ronde.checkpoint.rng_device"));
@@ -473,6 +477,10 @@ void Checkpointer::save(int64_t step) {
       }
       archive.write("ronde.rng_cpu", rng);
       archive.write("ronde.rng_device", rng_dev);
+      archive.write("ronde.rng_ranks", rng_ranks);
+      archive.write(
+          "ronde.job_size",
+          at::full({1}, distributed() ? size() : int64_t{1}, at::kLong));
       std::string payload;
       archive.save_to([&payload](const void* data, size_t n) {
         payload.append(static_cast<const char*>(data), n);
@@ -570,12 +578,35 @@ std::optional<int64_t> Checkpointer::restore() {
   // Written before device generators were saved: absent.
   at::Tensor rng_dev;
   const bool has_dev = archive.try_read("ronde.rng_device", rng_dev);
-  if (rng.size(0) == ranks) {
-    set_cpu_rng_state(rng[my_rank()].clone());  // its own storage
-    if (has_dev && rng_dev.size(0) == ranks)
-      set_device_rng_record(rng_dev[my_rank()].contiguous());
+  // Which rank each row is (written since join: a checkpoint saved while
+  // ranks were in ronde::join() has rows of the others only), and the size
+  // of the job that wrote it. Older files: one row per rank.
+  at::Tensor rng_ranks, job_size;
+  const bool has_ranks = archive.try_read("ronde.rng_ranks", rng_ranks) &&
+      archive.try_read("ronde.job_size", job_size);
+  const int64_t written_by =
+      has_ranks ? job_size.item<int64_t>() : rng.size(0);
+  if (written_by == ranks) {
+    int64_t row = my_rank();
+    if (has_ranks) {
+      row = -1;
+      for (int64_t i = 0; i < rng_ranks.numel(); ++i) {
+        if (rng_ranks[i].item<int64_t>() == my_rank())
+          row = i;
+      }
+    }
+    if (row >= 0 && row < rng.size(0)) {
+      set_cpu_rng_state(rng[row].clone());  // its own storage
+      if (has_dev && rng_dev.size(0) == rng.size(0))
+        set_device_rng_record(rng_dev[row].contiguous());
+    } else {
+      std::cerr << "ronde: rank " << my_rank() << ": " << where
+                << " was saved while this rank was in ronde::join(): its "
+                   "random number generators are not restored"
+                << std::endl;
+    }
   } else if (my_rank() == 0) {
-    std::cerr << "ronde: " << where << " was written by " << rng.size(0)
+    std::cerr << "ronde: " << where << " was written by " << written_by
               << " ranks, this job has " << ranks
               << ": random number generators are not restored" << std::endl;
   }
