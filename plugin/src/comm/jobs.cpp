@@ -195,11 +195,9 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
     ex.all_joined = true;
     ex.last_joined = g.last_joined;
     g.joined.clear();
-    g.any_joined = false;
     g.last_joined = -1;
     return ex;
   }
-  g.any_joined = joined_count > 0;
   if (joined_count > 0) {
     g.joined = joined;
     ex.joined = joined;
@@ -338,7 +336,7 @@ Handle submit(
         // While a member is in ronde::join(), every call is checked: the
         // frames tell it what to answer. Decided here, when the job runs,
         // from what the last check showed: the same on every rank.
-        if (call.verify || call.group->any_joined) {
+        if (call.verify || !call.group->joined.empty()) {
           guarded(
               comm, call, [&] { ex = check_call(comm, *call.group, call); });
         }

@@ -6,6 +6,7 @@
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
 
+#include "comm/text_exchange.h"
 #include "comm/world.h"
 
 #include <ATen/ATen.h>
@@ -18,13 +19,9 @@
 
 namespace ronde {
 namespace detail {
-namespace {
 
-// Every rank's text, in rank order, through the global set: lengths first
-// (one row each), then the bytes.
-std::vector<std::string> exchange_texts(
-    const std::string& mine, const std::string& name) {
-  const CollectiveOptions o = CollectiveOptions().name(name);
+std::vector<std::string> allgather_texts(
+    const std::string& mine, const CollectiveOptions& o) {
   at::Tensor lengths =
       allgather(at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), o);
   at::Tensor bytes = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
@@ -41,15 +38,24 @@ std::vector<std::string> exchange_texts(
   return out;
 }
 
-// Throws the same c10::Error on every rank unless every rank made the same
-// request (and none found its own invalid, marked by a leading '!').
-void check_agreement(
-    const char* what, const std::vector<std::string>& all, int me) {
+namespace {
+
+// Exchanges this rank's request (`mine`, with a leading '!' when this rank
+// found it invalid) through the global set, and throws the same c10::Error
+// on every rank unless every rank made the same valid request: the
+// request's own fault when every rank made it alike, else what each asked.
+void agree_on_request(const char* what, const std::string& mine) {
+  World& w = world(what);
+  const std::vector<std::string> all = allgather_texts(
+      mine, CollectiveOptions().name(std::string("ronde.") + what));
   bool same = true;
   for (const auto& t : all)
-    same = same && t == all[0] && (t.empty() || t[0] != '!');
-  if (same)
+    same = same && t == all[0];
+  const bool invalid = !all[0].empty() && all[0][0] == '!';
+  if (same && !invalid)
     return;
+  TORCH_CHECK(!same, "ronde: ", what, ": ", all[0].substr(1));
+  const int me = w.rank;
   std::ostringstream os;
   os << "ronde: " << what
      << ": the ranks did not all make the same call (every rank of the job "
@@ -197,14 +203,7 @@ ProcessSet add_process_set(const ProcessSet& set) {
   const std::string invalid = detail::invalid_ranks(g.ranks, w.size);
   if (!invalid.empty())
     mine = "!" + mine + " (" + invalid + ")";
-  if (w.size > 1) {
-    detail::check_agreement(
-        "add_process_set",
-        detail::exchange_texts(mine, "ronde.add_process_set"),
-        w.rank);
-  } else {
-    TORCH_CHECK(invalid.empty(), "ronde: add_process_set: ", invalid);
-  }
+  detail::agree_on_request("add_process_set", mine);
   {
     std::lock_guard<std::mutex> lock(w.sets_mutex);
     g.id = w.next_set_id++;
@@ -241,14 +240,7 @@ void remove_process_set(const ProcessSet& set) {
     mine = "!remove " + detail::rank_list(g.ranks) +
            " (not a process set of the job)";
   }
-  if (w.size > 1) {
-    detail::check_agreement(
-        "remove_process_set",
-        detail::exchange_texts(mine, "ronde.remove_process_set"),
-        w.rank);
-  } else {
-    TORCH_CHECK(mine[0] != '!', "ronde: remove_process_set: ", mine.substr(1));
-  }
+  detail::agree_on_request("remove_process_set", mine);
   // Members finish what they queued on the set; the barrier then tells
   // every rank that every member has, so no connection closes under a
   // peer still using it.

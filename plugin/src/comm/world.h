@@ -42,11 +42,10 @@ struct Group {
   std::unordered_set<uint64_t> verified_calls;
   // Join (ronde::join()), as the last checked call's frames showed it, the
   // same on every member; touched only by the set's running job. While
-  // some but not all members have joined, every call is checked, so that
-  // the joined ones learn what to answer.
+  // some but not all members have joined (`joined` not empty), every call
+  // is checked, so that the joined ones learn what to answer.
   std::vector<char> joined;  // by set rank; empty: nobody
-  bool any_joined = false;
-  int last_joined = -1;  // the set rank that joined last so far
+  int last_joined = -1;      // the set rank that joined last so far
 
   bool is_global() const {
     return id == 0;

@@ -1,12 +1,13 @@
 #include "engine/cross_rank_check.h"
 
+#include "comm/text_exchange.h"
+
 #include <ronde/collectives.h>
 #include <ronde/runtime.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <cstring>
 #include <sstream>
 
 namespace ronde::detail {
@@ -31,24 +32,13 @@ void check_same_everywhere(
   const int n = set.size();
   if (n == 1)
     return;
-  const CollectiveOptions o =
-      CollectiveOptions().name(what + ".check").process_set(set);
   std::string joined;
   for (const auto& l : lines)
     joined += l + "\n";
-  at::Tensor mine = at::empty({static_cast<int64_t>(joined.size())}, at::kByte);
-  if (!joined.empty())  // no data pointer when empty
-    std::memcpy(mine.data_ptr(), joined.data(), joined.size());
-  // Lengths first (one row each), so the texts can be split apart.
-  at::Tensor lengths = ronde::allgather(
-      at::full({1}, static_cast<int64_t>(joined.size()), at::kLong), o);
-  at::Tensor all = ronde::allgather(mine, o);
+  const std::vector<std::string> texts = allgather_texts(
+      joined, CollectiveOptions().name(what + ".check").process_set(set));
   std::vector<std::vector<std::string>> per_rank;
-  int64_t offset = 0;
-  for (int r = 0; r < n; ++r) {
-    int64_t len = lengths[r].item<int64_t>();
-    std::string text(static_cast<const char*>(all.data_ptr()) + offset, len);
-    offset += len;
+  for (const std::string& text : texts) {
     std::vector<std::string> rows;
     std::istringstream is(text);
     for (std::string row; std::getline(is, row);)

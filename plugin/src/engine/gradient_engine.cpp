@@ -459,15 +459,19 @@ bool GradientEngine::synchronized() const {
   return synchronized_;
 }
 
-void GradientEngine::reset_locked() {
-  for (auto& s : slot_state_)
-    s.passes = 0;
+void GradientEngine::reset_buckets_locked() {
   for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
     BucketState& b = bucket_state_[bi];
     b.pending = layout_.buckets[bi].slots.size();
     b.launched = false;
     b.handle = Handle();
   }
+}
+
+void GradientEngine::reset_locked() {
+  for (auto& s : slot_state_)
+    s.passes = 0;
+  reset_buckets_locked();
   next_launch_ = 0;
   synchronized_ = false;
   last_profile_ = profile_;
@@ -618,9 +622,8 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   }
   slot_state_ = std::move(states);
   bucket_state_ = std::vector<BucketState>(next.buckets.size());
-  for (size_t b = 0; b < next.buckets.size(); ++b)
-    bucket_state_[b].pending = next.buckets[b].slots.size();
   layout_ = std::move(next);
+  reset_buckets_locked();
   verified_ = false;  // new buckets: checked across ranks once more
   if (timeline_enabled()) {
     timeline_instant(
