@@ -217,17 +217,20 @@ PYBIND11_MODULE(_C, m) {
       [](double timeout_seconds,
          const std::string& hostname,
          const std::string& gloo_algorithm,
-         const std::vector<ProcessSet>& process_sets) {
+         const std::vector<ProcessSet>& process_sets,
+         const std::string& job_secret_file) {
         init(InitOptions()
                  .timeout_seconds(timeout_seconds)
                  .hostname(hostname)
                  .gloo_algorithm(gloo_algorithm)
-                 .process_sets(process_sets));
+                 .process_sets(process_sets)
+                 .job_secret_file(job_secret_file));
       },
       py::arg("timeout_seconds") = 0.0,
       py::arg("hostname") = "",
       py::arg("gloo_algorithm") = "",
       py::arg("process_sets") = std::vector<ProcessSet>{},
+      py::arg("job_secret_file") = "",
       release_gil());
   m.def("shutdown", &shutdown, release_gil());
   m.def("is_initialized", &is_initialized);

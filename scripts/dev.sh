@@ -13,6 +13,10 @@
 #                            build the unit and multirank tests under
 #                            AddressSanitizer (+UBSan) or ThreadSanitizer in
 #                            build-asan/ or build-tsan/ and run them
+#   scripts/dev.sh fuzz [--seconds N] [target...]
+#                            build the libFuzzer targets (tests/fuzz) with
+#                            clang in build-fuzz/ and run each N seconds
+#                            (default 60) on its corpus; see scripts/fuzz.sh
 #   scripts/dev.sh cuda      compile and link the NCCL path: a second venv
 #                            (.venv-cuda) with the CUDA build of torch, the
 #                            CUDA toolkit at /usr/local/cuda, build-gpu/;
@@ -30,8 +34,11 @@ TORCH_VERSION=2.13.0
 CUDA_VENV=${RONDE_CUDA_VENV:-$ROOT/.venv-cuda}
 CUDA_TORCH_VERSION=2.14.1
 
+# clang and its runtime: the libFuzzer targets (scripts/fuzz.sh), which the
+# test suite runs for a few seconds each; procps: ps, in a security test.
 APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev iproute2
-  zlib1g-dev python3-dev dataset-fashion-mnist)
+  zlib1g-dev libssl-dev python3-dev dataset-fashion-mnist clang
+  libclang-rt-14-dev procps)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
 
@@ -155,5 +162,6 @@ case "$cmd" in
   bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
   sanitize) setup; sanitize "$@" ;;
   cuda) setup; cuda_check "$@" ;;
-  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|cuda|setup|build} [args...]" >&2; exit 2 ;;
+  fuzz) setup; "$ROOT/scripts/fuzz.sh" --python "$VENV/bin/python" "$@" ;;
+  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|fuzz|cuda|setup|build} [args...]" >&2; exit 2 ;;
 esac

@@ -90,8 +90,18 @@ IdxArray read_idx(const std::string& path, int expected_dims) {
       fail(path, "implausibly large");
     }
   }
-  a.data.resize(total);
-  size_t got = read_some(f.get(), path, a.data.data(), total);
+  // The header's dimensions are claims: memory follows the bytes that
+  // are there, so a short file that claims gigabytes costs none.
+  constexpr size_t kStep = size_t{16} << 20;
+  size_t got = 0;
+  while (got < total) {
+    const size_t want = std::min(kStep, total - got);
+    a.data.resize(got + want);
+    const size_t n = read_some(f.get(), path, a.data.data() + got, want);
+    got += n;
+    if (n < want)
+      break;
+  }
   if (got != total) {
     fail(
         path,

@@ -85,7 +85,14 @@ std::unique_ptr<World> connect(
   w->size = info.size;
   w->blocking_wait = settings.blocking_wait;
   if (info.size > 1) {
-    rt.store = join_store(info, settings, rt.timeout);
+    const std::string secret_file = !options.job_secret_file().empty()
+                                        ? options.job_secret_file()
+                                        : settings.job_secret_file;
+    const std::optional<Key32> job_key = load_job_key(
+        info,
+        secret_file,
+        options.job_secret_file().empty() && settings.job_secret_file_remove);
+    rt.store = join_store(info, settings, rt.timeout, job_key);
     config.store = rt.store;
     PeerInfo mine;
     mine.host = host_identity();
@@ -104,6 +111,22 @@ std::unique_ptr<World> connect(
     check_reachable(peers, info);
     for (const auto& p : peers)
       config.hosts.push_back(p.host);
+    if (info.rank == 0 && !job_key) {
+      const std::string first = config.hosts.front();
+      for (const auto& h : config.hosts) {
+        if (h == first)
+          continue;
+        std::cerr << "ronde: warning: job '" << info.job_id
+                  << "' spans hosts and is not authenticated: any process "
+                     "that reaches the rendezvous store at "
+                  << info.addr << ":" << info.port
+                  << " can write values the ranks trust. Give the ranks a "
+                     "job secret (RONDE_JOB_SECRET_FILE; ronderun makes "
+                     "one): see docs/security.md"
+                  << std::endl;
+        break;
+      }
+    }
     config.hostname = mine.address.address;
     // Where this rank sits is what the host identities show; a launcher
     // that said otherwise is told once.

@@ -56,6 +56,8 @@ constexpr int kMaxDrainReads = 64;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr const char* kDefaultHost = "127.0.0.1";
 constexpr const char* kGraceEnv = "RONDE_KILL_GRACE_SECONDS";
+constexpr const char* kSecretFileEnv = "RONDE_JOB_SECRET_FILE";
+constexpr const char* kSecretRemoveEnv = "RONDE_JOB_SECRET_FILE_REMOVE";
 
 constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
 
@@ -538,6 +540,9 @@ std::string replace_all(
 class Launcher {
  public:
   explicit Launcher(Options options) : options_(std::move(options)) {}
+  ~Launcher() {
+    remove_secret();
+  }
 
   int run();
 
@@ -546,13 +551,19 @@ class Launcher {
   bool install_signal_handlers();
   bool pick_free_port();
   void make_job_id();
+  bool prepare_secret();
+  void remove_secret();
   double read_kill_grace();
   bool choose_rendezvous_address();
   void build_environments();
   void start_ranks();
   bool start_rank(Rank& rank);
   [[noreturn]] void exec_rank(
-      Rank& rank, int out_write, int err_write, const sigset_t& original_mask);
+      Rank& rank,
+      int in_read,
+      int out_write,
+      int err_write,
+      const sigset_t& original_mask);
   void supervise();
   void handle_deadlines();
   bool finished() const;
@@ -584,6 +595,12 @@ class Launcher {
   double kill_grace_seconds_ = kDefaultKillGraceSeconds;
   int wake_read_fd_ = -1;
   int dev_null_fd_ = -1;
+  // The job secret (docs/security.md): its bytes, for the ranks on other
+  // hosts (written to their stdin), and the private file that holds it
+  // here, when ronderun made it (removed at exit).
+  std::string secret_;
+  std::string secret_file_;
+  std::string secret_dir_;
   pid_t parent_pid_ = -1;
   struct sigaction original_actions_[kNumForwardedSignals] = {};
   struct sigaction original_sigchld_ = {};
@@ -730,28 +747,47 @@ bool Launcher::pick_free_port() {
   return ok && options_.port > 0;
 }
 
-void Launcher::make_job_id() {
-  unsigned char bytes[8] = {};
-  bool have_random = false;
+namespace {
+
+// `n` bytes from /dev/urandom; false when it cannot be read in full.
+bool read_urandom(unsigned char* bytes, size_t n) {
   int fd = -1;
   do {
     fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  if (fd >= 0) {
-    size_t got = 0;
-    while (got < sizeof(bytes)) {
-      const ssize_t n = read(fd, bytes + got, sizeof(bytes) - got);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else {
-        break;
-      }
-    }
-    have_random = got == sizeof(bytes);
-    close_fd(fd);
+  if (fd < 0) {
+    return false;
   }
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = read(fd, bytes + got, n - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  close_fd(fd);
+  return got == n;
+}
+
+std::string hex_text(const unsigned char* bytes, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+}  // namespace
+
+void Launcher::make_job_id() {
+  unsigned char bytes[8] = {};
+  const bool have_random = read_urandom(bytes, sizeof(bytes));
   if (!have_random) {
     // Only needs to differ between concurrent jobs on this host.
     unsigned long long mix = static_cast<unsigned long long>(
@@ -764,13 +800,110 @@ void Launcher::make_job_id() {
       byte = static_cast<unsigned char>(mix >> 56);
     }
   }
-  static const char kHex[] = "0123456789abcdef";
-  std::string id = "ronde-" + std::to_string(getpid()) + "-";
-  for (unsigned char byte : bytes) {
-    id += kHex[byte >> 4];
-    id += kHex[byte & 0xf];
+  options_.job_id = "ronde-" + std::to_string(getpid()) + "-" +
+                    hex_text(bytes, sizeof(bytes));
+}
+
+// The job's secret: the file RONDE_JOB_SECRET_FILE names, else a fresh
+// 256-bit one in a private file that only this job's ranks are told of.
+// Never on a command line or in the environment: only the file's path is.
+bool Launcher::prepare_secret() {
+  const char* given = getenv(kSecretFileEnv);
+  if (given != nullptr && *given != '\0') {
+    secret_file_ = given;
+    // Read only to hand it to ranks on other hosts; the ranks here read
+    // (and check) the file themselves.
+    bool remote = false;
+    for (const HostSlots& h : options_.hosts) {
+      remote = remote || !is_local_host(h.host);
+    }
+    if (!remote) {
+      return true;
+    }
+    int fd = -1;
+    do {
+      fd = open(given, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      message(
+          std::string("cannot read ") + kSecretFileEnv + " '" + given +
+          "': " + strerror(errno));
+      return false;
+    }
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n <= 0) {
+        break;
+      }
+      secret_.append(buf, static_cast<size_t>(n));
+      if (secret_.size() > 65536) {
+        break;
+      }
+    }
+    close_fd(fd);
+    return true;
   }
-  options_.job_id = id;
+  unsigned char bytes[32] = {};
+  if (!read_urandom(bytes, sizeof(bytes))) {
+    message("cannot read /dev/urandom to make the job secret");
+    return false;
+  }
+  secret_ = hex_text(bytes, sizeof(bytes)) + "\n";
+  const char* tmp = getenv("TMPDIR");
+  std::string dir_template =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+      "/ronderun-XXXXXX";
+  std::vector<char> dir(dir_template.begin(), dir_template.end());
+  dir.push_back('\0');
+  if (mkdtemp(dir.data()) == nullptr) {  // mode 0700
+    message(
+        "cannot make a private directory for the job secret (" + dir_template +
+        "): " + strerror(errno));
+    return false;
+  }
+  secret_dir_ = dir.data();
+  secret_file_ = secret_dir_ + "/secret";
+  int fd = -1;
+  do {
+    fd = open(
+        secret_file_.c_str(),
+        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+        0600);
+  } while (fd < 0 && errno == EINTR);
+  bool ok = fd >= 0;
+  size_t done = 0;
+  while (ok && done < secret_.size()) {
+    const ssize_t n = write(fd, secret_.data() + done, secret_.size() - done);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    ok = n > 0;
+    done += n > 0 ? static_cast<size_t>(n) : 0;
+  }
+  if (fd >= 0) {
+    ok = close(fd) == 0 && ok;
+  }
+  if (!ok) {
+    message(
+        "cannot write the job secret to " + secret_file_ + ": " +
+        strerror(errno));
+    remove_secret();
+    return false;
+  }
+  return true;
+}
+
+void Launcher::remove_secret() {
+  if (secret_dir_.empty()) {
+    return;
+  }
+  (void)unlink(secret_file_.c_str());
+  (void)rmdir(secret_dir_.c_str());
+  secret_dir_.clear();
 }
 
 double Launcher::read_kill_grace() {
@@ -815,6 +948,12 @@ std::vector<std::string> Launcher::remote_argv(
   std::string line;
   if (!cwd.empty()) {
     line = "cd " + shell_quote(cwd) + " 2>/dev/null; ";
+  }
+  if (!secret_.empty()) {
+    // The secret arrives on stdin (start_rank) into a private file of this
+    // rank's own, which the rank removes once read.
+    line += std::string("umask 077; f=$(mktemp) && cat > \"$f\" && export ") +
+            kSecretFileEnv + "=\"$f\" " + kSecretRemoveEnv + "=1 || exit 1; ";
   }
   line += "exec env";
   for (const std::string& e : env) {
@@ -921,6 +1060,8 @@ void Launcher::build_environments() {
       "RONDE_RENDEZVOUS_PORT",
       "RONDE_JOB_ID",
       "RONDE_TIMEOUT_SECONDS",
+      kSecretFileEnv,
+      kSecretRemoveEnv,
   };
   std::vector<std::string> base;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -976,6 +1117,7 @@ void Launcher::build_environments() {
         ++cross_size;
       }
     }
+    const std::string& host = hosts[static_cast<size_t>(h)].host;
     std::vector<std::string> own;
     own.push_back("RONDE_RANK=" + std::to_string(r));
     own.push_back("RONDE_SIZE=" + size);
@@ -986,13 +1128,15 @@ void Launcher::build_environments() {
     own.push_back("RONDE_RENDEZVOUS_ADDR=" + options_.host);
     own.push_back("RONDE_RENDEZVOUS_PORT=" + std::to_string(options_.port));
     own.push_back("RONDE_JOB_ID=" + options_.job_id);
+    if (!secret_file_.empty() && (host.empty() || is_local_host(host))) {
+      own.push_back(std::string(kSecretFileEnv) + "=" + secret_file_);
+    }
     if (options_.timeout_seconds) {
       own.push_back(
           "RONDE_TIMEOUT_SECONDS=" + std::to_string(*options_.timeout_seconds));
     }
     std::vector<std::string> env = base;
     env.insert(env.end(), own.begin(), own.end());
-    const std::string& host = hosts[static_cast<size_t>(h)].host;
     if (!host.empty() && !is_local_host(host)) {
       rank_argv_[static_cast<size_t>(r)] =
           remote_argv(host, remote_environment(env), have_cwd ? cwd : "");
@@ -1026,6 +1170,9 @@ int Launcher::run() {
     make_job_id();
   }
   kill_grace_seconds_ = read_kill_grace();
+  if (!prepare_secret()) {
+    return kFailureExitCode;
+  }
   build_environments();
 
   if (options_.verbose) {
@@ -1047,6 +1194,7 @@ int Launcher::run() {
 
   start_ranks();
   supervise();
+  remove_secret();
 
   if (first_failure_code_) {
     return *first_failure_code_;
@@ -1104,6 +1252,16 @@ bool Launcher::start_rank(Rank& rank) {
   if (!ok) {
     message(std::string("cannot configure a pipe: ") + strerror(errno));
   }
+  // A rank on another host gets the job secret on its stdin (remote_argv).
+  int secret_pipe[2] = {-1, -1};
+  if (ok && !secret_.empty() &&
+      !rank_argv_[static_cast<size_t>(rank.index)].empty()) {
+    ok = pipe(secret_pipe) == 0 && set_fd_flags(secret_pipe[0], false) &&
+         set_fd_flags(secret_pipe[1], false);
+    if (!ok) {
+      message(std::string("cannot create a pipe: ") + strerror(errno));
+    }
+  }
 
   // Blocking the handled signals across fork keeps the child from running
   // our handler (and swallowing a forwarded signal) before it execs.
@@ -1126,7 +1284,7 @@ bool Launcher::start_rank(Rank& rank) {
     if (pid == 0) {
       close_fd(out_pipe[0]);
       close_fd(err_pipe[0]);
-      exec_rank(rank, out_pipe[1], err_pipe[1], original_mask);
+      exec_rank(rank, secret_pipe[0], out_pipe[1], err_pipe[1], original_mask);
     }
     const int fork_errno = errno;
     if (sigprocmask(SIG_SETMASK, &original_mask, nullptr) < 0) {
@@ -1139,6 +1297,23 @@ bool Launcher::start_rank(Rank& rank) {
   }
   close_fd(out_pipe[1]);
   close_fd(err_pipe[1]);
+  close_fd(secret_pipe[0]);
+  if (ok && secret_pipe[1] >= 0) {
+    // A few dozen bytes: the pipe holds them without a reader.
+    size_t done = 0;
+    while (done < secret_.size()) {
+      const ssize_t n =
+          write(secret_pipe[1], secret_.data() + done, secret_.size() - done);
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n <= 0) {
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  close_fd(secret_pipe[1]);
   if (!ok) {
     close_fd(out_pipe[0]);
     close_fd(err_pipe[0]);
@@ -1159,7 +1334,11 @@ bool Launcher::start_rank(Rank& rank) {
 }
 
 void Launcher::exec_rank(
-    Rank& rank, int out_write, int err_write, const sigset_t& original_mask) {
+    Rank& rank,
+    int in_read,
+    int out_write,
+    int err_write,
+    const sigset_t& original_mask) {
   // Its own group keeps a terminal Ctrl-C from reaching the rank twice, and
   // lets one kill(-pgid) take down whatever the rank has spawned.
   (void)setpgid(0, 0);
@@ -1177,8 +1356,9 @@ void Launcher::exec_rank(
   }
 #endif
   // A rank in a background process group that read the terminal would be
-  // stopped by SIGTTIN, so the ranks get no stdin.
-  if (dup2(dev_null_fd_, STDIN_FILENO) < 0 ||
+  // stopped by SIGTTIN, so the ranks get no stdin; one on another host
+  // reads the job secret from it, then its end.
+  if (dup2(in_read >= 0 ? in_read : dev_null_fd_, STDIN_FILENO) < 0 ||
       dup2(out_write, STDOUT_FILENO) < 0 ||
       dup2(err_write, STDERR_FILENO) < 0) {
     _exit(kExecFailedExitCode);

@@ -11,6 +11,7 @@ iproute2).
     cluster_test.py --worker W --ronderun R --python P CASE
 """
 import argparse
+import glob
 import os
 import random
 import re
@@ -173,6 +174,9 @@ def case_vars(args, hosts, per_host, style, tag):
         args, hosts, per_host, style, ["collectives"], tag)
     expect_job(codes, outputs, timed_out, backend_for(hosts, per_host),
                topologies_for(hosts, per_host))
+    # No job secret given: rank 0 says, once, that the job is open.
+    check(outputs[0].count("spans hosts and is not authenticated") == 1,
+          "rank 0 did not warn once that the job is unauthenticated", outputs)
     codes, outputs, timed_out = run_env_job(
         args, hosts, per_host, style, ["optim", "adam", "plain"], tag + "o")
     check(not timed_out and all(c == 0 for c in codes),
@@ -205,12 +209,19 @@ def ronderun_argv(args, c, spec, extra, scenario):
 def case_ronderun(args, hosts, per_host, tag):
     """Multi-host ronderun, run from host 0, starting ranks through the
     netns template."""
+    before = set(glob.glob("/tmp/tmp.*")) | set(glob.glob("/tmp/ronderun-*"))
     with Cluster(hosts, tag) as c:
         spec = ",".join(f"{c.addr(h)}:{per_host}" for h in range(hosts))
         argv = ronderun_argv(args, c, spec, [], ["collectives"])
         proc = c.start(0, argv, base_env())
         codes, outputs, timed_out = wait_all([proc], 180)
     check(not timed_out and codes == [0], f"ronderun exited {codes}", outputs)
+    # ronderun's secret authenticated the job on every host; the copies it
+    # gave the other hosts' ranks, and its own, are gone.
+    check("not authenticated" not in outputs[0],
+          "a job under ronderun warned that it is unauthenticated", outputs)
+    left = (set(glob.glob("/tmp/tmp.*")) | set(glob.glob("/tmp/ronderun-*"))) - before
+    check(not left, f"secret files left behind: {sorted(left)}", outputs)
     for r in range(hosts * per_host):
         check(f"[{r}] HOST_BACKEND: {backend_for(hosts, per_host)}" in outputs[0],
               f"rank {r}'s output is not prefixed [{r}]", outputs)

@@ -10,6 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -146,6 +149,129 @@ TEST(Checkpoint, TornAndCorruptFilesAreSkipped) {
       std::string::npos)
       << after_torn.dump();
   EXPECT_EQ(params_of(after_torn), expected) << after_torn.dump();
+}
+
+// A checkpoint key file of the test's own: 64 hex digits, private.
+std::string key_file(const std::string& dir, char digit) {
+  const std::string path = dir + "/key-" + digit;
+  std::ofstream(path) << std::string(64, digit) << "\n";
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+JobResult run_encrypted(
+    const std::string& dir, const std::string& key, int kill_at) {
+  auto spec = checkpoint_spec(dir, 8, std::to_string(kill_at));
+  spec.env["RONDE_CHECKPOINT_KEY_FILE"] = key;
+  return run_job(spec);
+}
+
+std::string file_bytes(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path, std::ios::binary).rdbuf();
+  return s.str();
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(Checkpoint, EncryptedFilesResumeBitwiseAndRefuseChangesAndOtherKeys) {
+  auto root = ronde::testing::make_temp_dir();
+  auto straight = run_checkpoint(root + "/straight", 0, -1);
+  ASSERT_TRUE(straight.all_succeeded()) << straight.dump();
+  auto expected = params_of(straight);
+  const std::string key_a = key_file(root, 'a');
+  const std::string key_b = key_file(root, 'b');
+
+  // Killed after step 20 and resumed from 16, encrypted: the same
+  // parameters, bit for bit.
+  const std::string dir = root + "/run";
+  auto killed = run_encrypted(dir, key_a, 20);
+  EXPECT_EQ(killed.ranks[1].signal, SIGKILL) << killed.dump();
+  ASSERT_EQ(files_in(dir), (std::vector<std::string>{ckpt(8), ckpt(16)}));
+  const std::string f16 = file_bytes(dir + "/" + ckpt(16));
+  EXPECT_EQ(f16.substr(0, 8), std::string("RONDECK\x02", 8));
+  // The archive's names are in the clear in a plain file, not here.
+  EXPECT_EQ(f16.find("ronde.rng_cpu"), std::string::npos);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/" + ckpt(16)).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto resumed = run_encrypted(dir, key_a, -1);
+  ASSERT_TRUE(resumed.all_succeeded()) << resumed.dump();
+  EXPECT_NE(resumed.ranks[1].output.find("restored step 16"), std::string::npos)
+      << resumed.dump();
+  EXPECT_EQ(params_of(resumed), expected) << resumed.dump();
+  ASSERT_EQ(files_in(dir), (std::vector<std::string>{ckpt(32), ckpt(40)}));
+  const std::string newest = dir + "/" + ckpt(40);
+  const std::string good40 = file_bytes(newest);
+
+  // One ciphertext byte changed, its CRC-32 recomputed as a deliberate
+  // change would: the tag refuses it, and step 32 is used.
+  {
+    std::string bad = good40;
+    constexpr size_t prefix = 32 + 8 + 12 + 16;
+    bad[prefix + 100] ^= 0x01;
+    const uint32_t crc = static_cast<uint32_t>(::crc32(
+        0L,
+        reinterpret_cast<const Bytef*>(bad.data() + prefix),
+        static_cast<uInt>(bad.size() - prefix)));
+    std::memcpy(bad.data() + 24, &crc, 4);
+    write_bytes(newest, bad);
+  }
+  auto after_change = run_encrypted(dir, key_a, -1);
+  ASSERT_TRUE(after_change.all_succeeded()) << after_change.dump();
+  EXPECT_NE(
+      after_change.ranks[0].output.find(
+          "skipping checkpoint " + newest +
+          ": refused: its authentication tag does not verify"),
+      std::string::npos)
+      << after_change.dump();
+  EXPECT_NE(
+      after_change.ranks[1].output.find("restored step 32"), std::string::npos)
+      << after_change.dump();
+  EXPECT_EQ(params_of(after_change), expected) << after_change.dump();
+
+  // Step 40 as written under another key: refused, step 32 used.
+  const std::string other = root + "/other";
+  auto under_b = run_encrypted(other, key_b, -1);
+  ASSERT_TRUE(under_b.all_succeeded()) << under_b.dump();
+  write_bytes(newest, file_bytes(other + "/" + ckpt(40)));
+  auto wrong_key = run_encrypted(dir, key_a, -1);
+  ASSERT_TRUE(wrong_key.all_succeeded()) << wrong_key.dump();
+  EXPECT_NE(
+      wrong_key.ranks[0].output.find(
+          "skipping checkpoint " + newest +
+          ": refused: encrypted with another key"),
+      std::string::npos)
+      << wrong_key.dump();
+  EXPECT_NE(
+      wrong_key.ranks[1].output.find("restored step 32"), std::string::npos)
+      << wrong_key.dump();
+  EXPECT_EQ(params_of(wrong_key), expected) << wrong_key.dump();
+
+  // A plain file where a key is set: anyone could have written it.
+  const std::string plain_dir = root + "/plain";
+  auto plain = run_checkpoint(plain_dir, 8, -1);
+  ASSERT_TRUE(plain.all_succeeded()) << plain.dump();
+  auto refused_plain = run_encrypted(plain_dir, key_a, -1);
+  ASSERT_TRUE(refused_plain.all_succeeded()) << refused_plain.dump();
+  EXPECT_NE(
+      refused_plain.ranks[0].output.find(
+          ": refused: it is not encrypted, but a checkpoint key is set"),
+      std::string::npos)
+      << refused_plain.dump();
+  EXPECT_NE(
+      refused_plain.ranks[0].output.find("fresh start"), std::string::npos)
+      << refused_plain.dump();
+
+  // A key file others may read fails every rank alike, naming it.
+  ::chmod(key_b.c_str(), 0644);
+  auto loose = run_encrypted(other, key_b, -1);
+  EXPECT_FALSE(loose.all_succeeded()) << loose.dump();
+  for (const auto& r : loose.ranks) {
+    EXPECT_NE(r.output.find("chmod 600"), std::string::npos) << loose.dump();
+  }
 }
 
 TEST(Checkpoint, AFailedWriteIsAnErrorOnEveryRank) {

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -16,6 +17,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -741,6 +743,61 @@ int scenario_hold(const std::string& dir) {
   return ronde::testing::scenario_exit_code();
 }
 
+// Under ronderun: where the job secret is (a private file) and what it is
+// (copied to <dir>/secret-<rank> for the test to look for), then a
+// collective of the authenticated job, then every process's command line
+// and environment as ps shows them.
+int scenario_secret_probe(const std::string& dir) {
+  const char* path = std::getenv("RONDE_JOB_SECRET_FILE");
+  const char* rank_env = std::getenv("RONDE_RANK");
+  CHECK_W(
+      path != nullptr && rank_env != nullptr, "ronderun gave a secret file");
+  if (path == nullptr || rank_env == nullptr)
+    return 1;
+  struct stat st {};
+  CHECK_W(::stat(path, &st) == 0, "the secret file exists");
+  std::cout << "SECRET_FILE mode " << std::oct << (st.st_mode & 0777)
+            << std::dec << std::endl;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::ofstream out(dir + "/secret-" + rank_env, std::ios::binary);
+    out << in.rdbuf();
+  }
+  ronde::init();
+  at::Tensor got = ronde::allreduce(
+      at::ones({3}), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  CHECK_W(
+      at::allclose(got, at::full({3}, double(ronde::size()))),
+      "allreduce in an authenticated job");
+  if (FILE* ps = ::popen("ps axeww -o args 2>&1", "r")) {
+    char line[8192];
+    while (std::fgets(line, sizeof line, ps) != nullptr)
+      std::cout << "PS: " << line;
+    ::pclose(ps);
+  }
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// Not a rank: a process that knows the address of a job's store, not its
+// secret, writes the values a rank would act on (security_test.cpp).
+int scenario_forge_store(int port, const std::string& job) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(10);
+  c10d::TCPStore store("127.0.0.1", so);
+  auto put = [&](const std::string& key, const std::string& v) {
+    store.set(
+        "ronde/" + job + "/" + key, std::vector<uint8_t>(v.begin(), v.end()));
+  };
+  put("stall_shutdown", "forged: everyone close your connections");
+  put("progress/1", "999999|forged");
+  put("failed/1", "\x01");
+  return 0;
+}
+
 // Expects init() to be refused.
 int scenario_intruder() {
   try {
@@ -804,6 +861,10 @@ int main(int argc, char** argv) {
       return scenario_hold(argc > 2 ? argv[2] : "/tmp");
     if (name == "intruder")
       return scenario_intruder();
+    if (name == "forge_store" && argc > 3)
+      return scenario_forge_store(std::atoi(argv[2]), argv[3]);
+    if (name == "secret_probe")
+      return scenario_secret_probe(argc > 2 ? argv[2] : "/tmp");
     if (name == "init_error")
       return scenario_init_error();
     if (name == "crash")

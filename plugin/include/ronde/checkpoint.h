@@ -36,6 +36,16 @@ class WarmupScheduler;
 // whose size and checksum are right, skipping torn or corrupt ones with a
 // warning, and broadcasts it from rank 0, so only rank 0 needs the disk.
 //
+// Encrypted checkpoints: key_file(path), or RONDE_CHECKPOINT_KEY_FILE for
+// every Checkpointer, names a file of 32 bytes or 64 hex digits (openssl
+// rand -hex 32) private to its owner. Files are then AES-256-GCM encrypted
+// with a fresh nonce each, header included in what the tag authenticates,
+// and written with mode 0600; restore() refuses a file encrypted with
+// another key, one with any byte changed, and a plain one (anyone could
+// have written it), each with a warning, and falls back to the previous
+// good checkpoint. Only rank 0 reads the key (it alone reads and writes
+// files). See docs/security.md.
+//
 // save(), maybe_save() and restore() are collective: every rank calls them at
 // the same steps. Added objects must outlive the checkpointer.
 class Checkpointer {
@@ -61,6 +71,11 @@ class Checkpointer {
       std::function<void(torch::serialize::OutputArchive&)> save,
       std::function<void(torch::serialize::InputArchive&)> load);
 
+  // Encrypts the files this writes and requires it of those it restores
+  // (see above); an empty path turns encryption off. The file is read at
+  // the first save() or restore().
+  Checkpointer& key_file(std::string path);
+
   // Saves when `step` is a positive multiple of every_n_steps (0: never).
   // Returns whether it saved.
   bool maybe_save(int64_t step);
@@ -85,11 +100,15 @@ class Checkpointer {
     std::function<void(torch::serialize::InputArchive&)> load;
   };
   Checkpointer& add_entry(Entry entry);
+  // The key (32 bytes) from key_file_, read once; empty without one.
+  const std::string& key();
 
   std::string dir_;
   int64_t every_n_steps_;
   int64_t keep_last_;
   std::vector<Entry> entries_;
+  std::string key_file_;
+  std::string key_;
 };
 
 }  // namespace ronde

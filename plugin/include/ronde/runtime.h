@@ -33,6 +33,12 @@ struct InitOptions {
   // add_process_set() would; every rank passes the same). The handles given
   // here become usable: their ids, ranks and communicators are set.
   TORCH_ARG(std::vector<ProcessSet>, process_sets) = {};
+  // File holding the job secret, which authenticates the ranks at
+  // rendezvous and every value they trust from the store (docs/security.md).
+  // Empty: RONDE_JOB_SECRET_FILE, which ronderun sets for its ranks; with
+  // neither, the job is not authenticated. Private to its owner (mode 0600),
+  // at least 16 bytes.
+  TORCH_ARG(std::string, job_secret_file) = "";
 };
 
 // Joins the job. Calling it again while initialised does nothing. Throws

@@ -19,22 +19,6 @@
 
 namespace ronde {
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum:
-      return "sum";
-    case ReduceOp::Average:
-      return "average";
-    case ReduceOp::Min:
-      return "min";
-    case ReduceOp::Max:
-      return "max";
-    case ReduceOp::Product:
-      return "product";
-  }
-  return "unknown";
-}
-
 namespace detail {
 namespace {
 

@@ -7,10 +7,33 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <map>
 #include <sstream>
+
+namespace ronde {
+
+// Here rather than with the collectives: the descriptor's text needs it,
+// and this file is fuzzed without the rest (tests/fuzz).
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Average:
+      return "average";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Product:
+      return "product";
+  }
+  return "unknown";
+}
+
+}  // namespace ronde
 
 namespace ronde::detail {
 namespace {
@@ -36,6 +59,42 @@ std::string shape_text(const Descriptor& d, bool skip_dim0) {
   }
   os << "]";
   return os.str();
+}
+
+// The element size of a dtype from a descriptor; 0 for one no tensor has
+// (c10 throws for those).
+int64_t element_bytes(int32_t dtype) {
+  try {
+    return static_cast<int64_t>(
+        c10::elementSize(static_cast<c10::ScalarType>(dtype)));
+  } catch (const c10::Error&) {
+    return 0;
+  }
+}
+
+// Why a descriptor from a peer cannot be read (nullptr when it can): its
+// fields index tables and arrays, so each is checked before any is used.
+const char* malformed(const Descriptor& d) {
+  if (d.magic != kDescriptorMagic)
+    return "bad magic number";
+  if (d.kind < static_cast<int32_t>(OpKind::Allreduce) ||
+      d.kind > static_cast<int32_t>(OpKind::Join))
+    return "unknown collective";
+  if (d.dtype < -1 ||
+      d.dtype >= static_cast<int32_t>(c10::ScalarType::NumOptions) ||
+      (d.dtype >= 0 && element_bytes(d.dtype) == 0))
+    return "unknown dtype";
+  if (d.op < -1 || d.op > static_cast<int32_t>(ReduceOp::Product))
+    return "unknown reduction";
+  if (d.ndim < -1 || d.ndim > kMaxDims)
+    return "bad number of dimensions";
+  if ((d.ndim >= 0) != (d.dtype >= 0))
+    return "a shape without a dtype";
+  for (int i = 0; i < d.ndim; ++i) {
+    if (d.dims[i] < 0)
+      return "a negative dimension";
+  }
+  return nullptr;
 }
 
 // A text field of a descriptor: bounded, since a peer's bytes need not end
@@ -170,12 +229,14 @@ Descriptor describe(
 }
 
 int64_t described_bytes(const Descriptor& d) {
-  if (d.dtype < 0 || d.ndim < 0)
+  if (malformed(d) != nullptr || d.dtype < 0 || d.ndim < 0)
     return 0;
-  int64_t bytes = static_cast<int64_t>(
-      c10::elementSize(static_cast<c10::ScalarType>(d.dtype)));
-  for (int i = 0; i < d.ndim && i < kMaxDims; ++i)
-    bytes *= d.dims[i];
+  int64_t bytes = element_bytes(d.dtype);
+  for (int i = 0; i < d.ndim && i < kMaxDims; ++i) {
+    // A peer's dims may multiply past any real tensor: saturate.
+    if (__builtin_mul_overflow(bytes, d.dims[i], &bytes))
+      return INT64_MAX;
+  }
   return bytes;
 }
 
@@ -214,10 +275,16 @@ void check_descriptors(const std::vector<Descriptor>& all, int me) {
   bool agree = true;
   bool complaint = false;
   for (size_t r = 0; r < all.size(); ++r) {
-    TORCH_INTERNAL_ASSERT(
-        all[r].magic == kDescriptorMagic,
+    // A peer's bytes, not this process's invariant: every rank sees the
+    // same descriptors, so every rank fails with this message.
+    const char* bad = malformed(all[r]);
+    TORCH_CHECK(
+        bad == nullptr,
         "ronde: corrupt collective descriptor from rank ",
-        r);
+        r,
+        " (",
+        bad ? bad : "",
+        "): another ronde version, or memory corruption");
     agree = agree && same_call(all[0], all[r]);
     complaint = complaint || all[r].error[0] != '\0';
   }

@@ -3,6 +3,7 @@
 #include "runtime/rendezvous.h"
 
 #include "runtime/error_text.h"
+#include "runtime/signed_store.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -10,35 +11,92 @@
 #include <unistd.h>
 
 #include <fstream>
-
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 namespace ronde::detail {
 namespace {
 
-// Rank 0 publishes the job's identity; every other rank reads it before it
-// writes anything, so a process of another job (or with another world size)
-// leaves without touching this job's keys.
-void check_identity(c10d::Store& store, const LaunchInfo& info) {
-  const std::string identity = info.job_id + "|" + std::to_string(info.size);
+constexpr const char* kIdentityKey = "ronde/identity";
+// Outside any job's prefix: a process of another job counts itself here.
+constexpr const char* kRefusedKey = "ronde/refused";
+constexpr size_t kChallengeBytes = 32;
+
+// Counts a refused process for rank 0's report, then returns the error to
+// throw. Best effort: the store may be gone.
+CommError refuse(
+    c10d::Store& store, const LaunchInfo& info, const std::string& why) {
+  try {
+    store.add(kRefusedKey, 1);
+  } catch (const std::exception&) {
+  }
+  return rendezvous_error(info, "refused: " + why);
+}
+
+// Rank 0 publishes the job's identity (and, with a secret, the challenge);
+// every other rank reads and checks it before it writes anything, so a
+// process of another job (or with another world size, or without this
+// job's secret) leaves without touching this job's keys. Returns the run
+// key when the job is authenticated.
+std::optional<Key32> check_identity(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    const std::optional<Key32>& secret_key) {
+  std::optional<Key32> run;
   if (info.rank == 0) {
+    const std::string challenge =
+        secret_key ? random_bytes(kChallengeBytes) : std::string();
+    const std::string identity = encode_identity(
+        info.job_id, info.size, secret_key ? &*secret_key : nullptr, challenge);
     store.set(
-        "ronde/identity",
-        std::vector<uint8_t>(identity.begin(), identity.end()));
+        kIdentityKey, std::vector<uint8_t>(identity.begin(), identity.end()));
+    if (secret_key)
+      run = run_key(*secret_key, challenge);
   } else {
-    auto v = store.get("ronde/identity");
-    std::string theirs(v.begin(), v.end());
-    if (theirs != identity) {
-      auto bar = theirs.rfind('|');
-      std::string their_job = theirs.substr(0, bar);
-      std::string their_size =
-          bar == std::string::npos ? "?" : theirs.substr(bar + 1);
-      throw rendezvous_error(
+    auto v = store.get(kIdentityKey);
+    const IdentityRecord theirs =
+        decode_identity(std::string(v.begin(), v.end()));
+    const std::string me =
+        "this process (rank " + std::to_string(info.rank) + ")";
+    if (theirs.job_id != info.job_id ||
+        theirs.size != std::to_string(info.size)) {
+      throw refuse(
+          store,
           info,
-          "refused: the store there belongs to job '" + their_job + "' of " +
-              their_size + " ranks, but this process (rank " +
-              std::to_string(info.rank) + ") was started for job '" +
+          "the store there belongs to job '" + theirs.job_id + "' of " +
+              theirs.size + " ranks, but " + me + " was started for job '" +
               info.job_id + "' of " + std::to_string(info.size) + " ranks");
+    }
+    if (theirs.authenticated && !secret_key) {
+      throw refuse(
+          store,
+          info,
+          "job '" + info.job_id + "' is authenticated, and " + me +
+              " has no job secret: start it with the job's secret "
+              "(RONDE_JOB_SECRET_FILE, or ronderun, which hands its ranks "
+              "one)");
+    }
+    if (!theirs.authenticated && secret_key) {
+      throw refuse(
+          store,
+          info,
+          me + " has a job secret, but the job at the store is not "
+               "authenticated (its rank 0 has no secret): not joining a "
+               "job that cannot prove it knows the secret");
+    }
+    if (secret_key) {
+      if (!identity_verifies(theirs, *secret_key)) {
+        throw refuse(
+            store,
+            info,
+            "job '" + info.job_id + "' does not prove the secret " + me +
+                " has (its identity record's tag does not verify): another "
+                "job's secret, or a forged record");
+      }
+      run = run_key(*secret_key, theirs.challenge);
     }
   }
   // Two processes started with the same rank would corrupt the mesh.
@@ -52,6 +110,7 @@ void check_identity(c10d::Store& store, const LaunchInfo& info) {
             "already (two processes with the same "
             "rank?)");
   }
+  return run;
 }
 
 }  // namespace
@@ -72,10 +131,45 @@ CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {
           std::to_string(info.port) + ": " + msg);
 }
 
+std::optional<Key32> load_job_key(
+    const LaunchInfo& info, const std::string& secret_file, bool remove) {
+  if (secret_file.empty())
+    return std::nullopt;
+  // Read once: a later init() in this process finds the file removed.
+  static std::mutex mutex;
+  static std::map<std::string, std::string> secrets;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = secrets.find(secret_file);
+  if (it == secrets.end()) {
+    try {
+      it = secrets
+               .emplace(
+                   secret_file,
+                   read_private_file(secret_file, "the job secret file", 16))
+               .first;
+    } catch (const std::exception& e) {
+      throw rendezvous_error(
+          info, "rank " + std::to_string(info.rank) + ": " + e.what());
+    }
+    if (remove)
+      ::unlink(secret_file.c_str());
+  }
+  return job_key_from_secret(it->second, info.job_id);
+}
+
+int64_t refused_count(c10d::Store& store) {
+  try {
+    return store.add(kRefusedKey, 0);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> join_store(
     const LaunchInfo& info,
     const Settings& settings,
-    std::chrono::milliseconds timeout) {
+    std::chrono::milliseconds timeout,
+    const std::optional<Key32>& secret_key) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.port);
   so.isServer = info.rank == 0 && !info.store_hosted;
@@ -86,8 +180,11 @@ c10::intrusive_ptr<c10d::Store> join_store(
   // the older, thread-based server (for systems where libuv misbehaves).
   so.useLibUV = settings.use_libuv;
   try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(info.addr, so);
-    check_identity(*store, info);
+    c10::intrusive_ptr<c10d::Store> store =
+        c10::make_intrusive<c10d::TCPStore>(info.addr, so);
+    if (auto run = check_identity(*store, info, secret_key))
+      return c10::make_intrusive<SignedStore>(
+          std::move(store), *run, info.rank);
     return store;
   } catch (const CommError&) {
     throw;
@@ -135,6 +232,23 @@ std::vector<int> failed_peers(
   } catch (const std::exception&) {
     return {0};  // rank 0 hosts the store: it is the one gone
   }
+  // A notice counts once it opens: one that does not (forged, or replayed
+  // from another run) leaves its rank among the suspects, said once.
+  std::set<int> refused;
+  auto has_notice = [&](int r) {
+    const std::string key = job_key(info, "failed/" + std::to_string(r));
+    if (!store.check({key}))
+      return false;
+    try {
+      store.get(key);
+      return true;
+    } catch (const RefusedStoreValue& e) {
+      if (refused.insert(r).second)
+        std::cerr << "ronde: rank " << me
+                  << ": ignoring a failure notice: " << e.what() << std::endl;
+      return false;
+    }
+  };
   auto grace = std::min(timeout, std::chrono::milliseconds(3000));
   auto deadline = std::chrono::steady_clock::now() + grace;
   std::vector<int> missing;
@@ -142,10 +256,8 @@ std::vector<int> failed_peers(
     missing.clear();
     try {
       for (int r : peers) {
-        if (r != me &&
-            !store.check({job_key(info, "failed/" + std::to_string(r))})) {
+        if (r != me && !has_notice(r))
           missing.push_back(r);
-        }
       }
     } catch (const std::exception&) {
       return {0};
@@ -173,51 +285,12 @@ std::string host_identity() {
   return boot + "/net:" + ns;
 }
 
-namespace {
-
-// One line per field; no field holds a newline (identities and addresses
-// are the kernel's and the resolver's, sources are ronde's own).
-std::string encode(const PeerInfo& p) {
-  return p.host + "\n" + p.address.address + "\n" + p.address.source + "\n" +
-      std::to_string(p.local_rank) + "\n" + std::to_string(p.local_size) +
-      "\n" + std::to_string(p.cross_rank) + "\n" +
-      std::to_string(p.cross_size) + "\n" + p.launcher;
-}
-
-PeerInfo decode(const std::string& text, int rank) {
-  std::vector<std::string> f;
-  size_t start = 0;
-  for (;;) {
-    size_t nl = text.find('\n', start);
-    f.push_back(text.substr(start, nl - start));
-    if (nl == std::string::npos)
-      break;
-    start = nl + 1;
-  }
-  if (f.size() != 8) {
-    throw std::runtime_error(
-        "rank " + std::to_string(rank) +
-        "'s rendezvous record is malformed (another ronde version?)");
-  }
-  PeerInfo p;
-  p.host = f[0];
-  p.address = {f[1], f[2]};
-  p.local_rank = std::stoi(f[3]);
-  p.local_size = std::stoi(f[4]);
-  p.cross_rank = std::stoi(f[5]);
-  p.cross_size = std::stoi(f[6]);
-  p.launcher = f[7];
-  return p;
-}
-
-}  // namespace
-
 std::vector<PeerInfo> exchange_peers(
     c10d::Store& store,
     const LaunchInfo& info,
     const PeerInfo& mine,
     std::chrono::milliseconds timeout) {
-  const std::string text = encode(mine);
+  const std::string text = encode_peer(mine);
   store.set(
       job_key(info, "peer/" + std::to_string(info.rank)),
       std::vector<uint8_t>(text.begin(), text.end()));
@@ -228,7 +301,7 @@ std::vector<PeerInfo> exchange_peers(
   std::vector<PeerInfo> peers;
   for (int r = 0; r < info.size; ++r) {
     auto v = store.get(keys[r]);
-    peers.push_back(decode(std::string(v.begin(), v.end()), r));
+    peers.push_back(decode_peer(std::string(v.begin(), v.end()), r));
   }
   // Every rank has read every record before any acts on them: a verdict
   // that ends rank 0 (which hosts the store) must reach the others too.

@@ -4,16 +4,19 @@
 // which a rank that saw a collective fail learns which peers are gone.
 #pragma once
 
+#include "runtime/auth.h"
 #include "runtime/launch_env.h"
 #include "runtime/net_address.h"
-#include "runtime/topology.h"
+#include "runtime/records.h"
 #include "runtime/settings.h"
+#include "runtime/topology.h"
 
 #include <ronde/errors.h>
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,13 +32,32 @@ std::string job_key(const LaunchInfo& info, const std::string& suffix);
 // A rendezvous failure naming the job and the store's address.
 CommError rendezvous_error(const LaunchInfo& info, const std::string& msg);
 
+// The job key of this process (runtime/auth.h), from the secret file the
+// options or RONDE_JOB_SECRET_FILE name; nullopt when neither does. The
+// file is read once per process (and removed when `remove` says it is this
+// process's own copy); a bad file throws CommError of kind Rendezvous.
+std::optional<Key32> load_job_key(
+    const LaunchInfo& info, const std::string& secret_file, bool remove);
+
 // Connects to (rank 0: hosts) the store and checks that the store belongs to
-// this job and that no other process claimed this rank. Throws CommError of
-// kind Rendezvous.
+// this job and that no other process claimed this rank. With a job key,
+// rank 0 publishes a fresh challenge in a record tagged with that key, each
+// other rank checks the tag before it writes anything, and the store
+// returned seals and checks every value (runtime/signed_store.h): a rank's
+// first sealed value (its peer record) is its answer to the challenge, and
+// every rank checks every other's. A process refused here (another job, no
+// secret, another secret) says why and counts itself under ronde/refused,
+// which rank 0 reports (refused_count). Throws CommError of kind
+// Rendezvous.
 c10::intrusive_ptr<c10d::Store> join_store(
     const LaunchInfo& info,
     const Settings& settings,
-    std::chrono::milliseconds timeout);
+    std::chrono::milliseconds timeout,
+    const std::optional<Key32>& job_key);
+
+// How many processes were refused at this store so far (see join_store);
+// -1 when the store cannot be reached.
+int64_t refused_count(c10d::Store& store);
 
 // The address this rank's transport advertises (net_address.h says how it
 // is chosen), and where it came from. Throws CommError of kind Rendezvous
@@ -50,15 +72,6 @@ AddressChoice advertised_address(
 // Ranks in different network namespaces are different hosts, even on one
 // machine: that is how a cluster is simulated on one.
 std::string host_identity();
-
-// What each rank tells the others at init(): its host, the address it
-// advertises and why, and where its launcher said it sits.
-struct PeerInfo {
-  std::string host;  // host_identity()
-  AddressChoice address;
-  int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
-  std::string launcher;  // LaunchInfo::source
-};
 
 // Every rank's PeerInfo, in rank order, exchanged through the store.
 std::vector<PeerInfo> exchange_peers(

@@ -1,6 +1,8 @@
 #include "runtime/stall_inspector.h"
 
+#include "runtime/records.h"
 #include "runtime/rendezvous.h"
+#include "runtime/signed_store.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -53,6 +55,34 @@ StallInspector::~StallInspector() {
   }
 }
 
+std::optional<std::string> StallInspector::read_value(const std::string& key) {
+  try {
+    return as_string(store_->get(key));
+  } catch (const RefusedStoreValue& e) {
+    if (refused_keys_.insert(key).second) {
+      std::cerr << "ronde: rank " << info_.rank << ": ignoring " << e.what()
+                << std::endl;
+    }
+    return std::nullopt;
+  }
+}
+
+void StallInspector::report_refused() {
+  const int64_t n = refused_count(*store_);
+  if (n <= refused_reported_)
+    return;
+  std::cerr << "ronde: warning: rank 0: refused "
+            << (n - refused_reported_ == 1
+                    ? std::string("a process")
+                    : std::to_string(n - refused_reported_) + " processes")
+            << " that tried to join the store of job '" << info_.job_id
+            << "' at " << info_.addr << ":" << info_.port
+            << " (another job, no job secret, or another secret); the job "
+               "goes on"
+            << std::endl;
+  refused_reported_ = n;
+}
+
 std::string StallInspector::describe_missing(int64_t started) {
   std::vector<int> missing;
   std::ostringstream last;
@@ -64,10 +94,14 @@ std::string StallInspector::describe_missing(int64_t started) {
     int64_t theirs = 0;
     std::string what = "nothing yet";
     if (store_->check({key})) {
-      std::string v = as_string(store_->get(key));
-      auto bar = v.find('|');
-      theirs = std::stoll(v.substr(0, bar));
-      what = bar == std::string::npos ? "" : v.substr(bar + 1);
+      auto v = read_value(key);
+      auto p = v ? decode_progress(*v) : std::nullopt;
+      if (p) {
+        theirs = p->started;
+        what = p->what;
+      } else {
+        what = "(its progress record is unreadable)";
+      }
     }
     if (theirs < started) {
       missing.push_back(r);
@@ -98,6 +132,10 @@ void StallInspector::loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (cv_.wait_for(lock, period, [&] { return stopping_; })) {
+        lock.unlock();
+        // Refusals since the last look are reported before the job ends.
+        if (info_.rank == 0)
+          report_refused();
         return;
       }
     }
@@ -106,15 +144,18 @@ void StallInspector::loop() {
       // which is what wakes the collectives blocked on them everywhere.
       const std::string abort_key = job_key(info_, "stall_shutdown");
       if (!interrupted && store_->check({abort_key})) {
-        std::cerr << "ronde: rank " << info_.rank
-                  << ": closing connections: "
-                  << as_string(store_->get(abort_key)) << std::endl;
-        watch_.interrupt();
-        interrupted = true;
+        if (auto why = read_value(abort_key)) {
+          std::cerr << "ronde: rank " << info_.rank
+                    << ": closing connections: " << *why << std::endl;
+          watch_.interrupt();
+          interrupted = true;
+        }
       }
+      if (info_.rank == 0)
+        report_refused();
       auto p = watch_.progress();
       if (p.started != published) {
-        std::string v = std::to_string(p.started) + "|" + p.what;
+        std::string v = encode_progress({p.started, p.what});
         store_->set(
             job_key(info_, "progress/" + std::to_string(info_.rank)),
             std::vector<uint8_t>(v.begin(), v.end()));

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -75,6 +77,12 @@ class StallInspector {
   void loop();
   // "ranks 1, 3 have not reached it (rank 1 last started #41 allreduce 'x')"
   std::string describe_missing(int64_t started);
+  // The value at `key`, or nullopt when the store refused it (a forged or
+  // replayed value of an authenticated job): said once per key, never
+  // acted upon.
+  std::optional<std::string> read_value(const std::string& key);
+  // Rank 0: one line when more processes were refused at rendezvous.
+  void report_refused();
 
   c10::intrusive_ptr<c10d::Store> store_;
   const LaunchInfo info_;
@@ -83,6 +91,9 @@ class StallInspector {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mutex_
+  // Only the inspector's thread touches these.
+  std::set<std::string> refused_keys_;
+  int64_t refused_reported_ = 0;
   std::thread thread_;
 };
 

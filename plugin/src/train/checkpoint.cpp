@@ -6,13 +6,14 @@
 #include <ronde/schedule.h>
 #include <ronde/timeline.h>
 
+#include "runtime/settings.h"
+#include "train/checkpoint_file.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
-
-#include <zlib.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -31,16 +32,6 @@ namespace ronde {
 
 namespace {
 
-// File layout: this header, then `size` payload bytes (a LibTorch archive).
-struct Header {
-  char magic[8];
-  uint64_t step;
-  uint64_t size;
-  uint32_t crc32;
-  uint32_t reserved;
-};
-static_assert(sizeof(Header) == 32, "the header is 32 bytes on disk");
-constexpr char kMagic[8] = {'R', 'O', 'N', 'D', 'E', 'C', 'K', 1};
 constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kSuffix = ".ronde";
 constexpr const char* kTmpSuffix = ".ronde.tmp";
@@ -118,27 +109,23 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-// Writes `payload` as checkpoint `step` durably: temporary file, fsync,
-// rename, fsync of the directory.
+// Writes the file bytes of checkpoint `step` durably: temporary file (its
+// owner's only when encrypted), fsync, rename, fsync of the directory.
 void write_checkpoint(
-    const std::string& dir, int64_t step, const std::string& payload) {
+    const std::string& dir,
+    int64_t step,
+    const std::string& file,
+    bool encrypted) {
   make_dirs(dir);
   const std::string final_path = dir + "/" + file_name(step);
   const std::string tmp_path = dir + "/" + file_name(step) + ".tmp";
-  Header h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.step = static_cast<uint64_t>(step);
-  h.size = payload.size();
-  h.crc32 = static_cast<uint32_t>(::crc32(
-      0L,
-      reinterpret_cast<const Bytef*>(payload.data()),
-      static_cast<uInt>(payload.size())));
-  int fd =
-      ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(
+      tmp_path.c_str(),
+      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+      encrypted ? 0600 : 0644);
   TORCH_CHECK(fd >= 0, "cannot create '", tmp_path, "': ", errno_text());
   try {
-    write_all(fd, &h, sizeof h, tmp_path);
-    write_all(fd, payload.data(), payload.size(), tmp_path);
+    write_all(fd, file.data(), file.size(), tmp_path);
     TORCH_CHECK(
         ::fsync(fd) == 0, "cannot flush '", tmp_path, "': ", errno_text());
   } catch (...) {
@@ -164,47 +151,26 @@ void write_checkpoint(
 
 // The payload of a checkpoint file, or an empty optional with `why` set.
 std::optional<std::string> read_checkpoint(
-    const std::string& path, int64_t expected_step, std::string& why) {
+    const std::string& path,
+    int64_t expected_step,
+    const std::string& key,
+    std::string& why) {
   FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     why = "cannot open it: " + errno_text();
     return std::nullopt;
   }
   std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
-  Header h{};
-  if (std::fread(&h, sizeof h, 1, f) != 1) {
-    why = "torn: shorter than its header";
+  std::string file;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
+    file.append(buf, n);
+  if (std::ferror(f)) {
+    why = "cannot read it: " + errno_text();
     return std::nullopt;
   }
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
-    why = "not a ronde checkpoint (bad magic)";
-    return std::nullopt;
-  }
-  if (static_cast<int64_t>(h.step) != expected_step) {
-    why = "its header says step " + std::to_string(h.step);
-    return std::nullopt;
-  }
-  std::string payload(h.size, '\0');
-  size_t got = std::fread(payload.data(), 1, payload.size(), f);
-  if (got != payload.size()) {
-    why = "torn: " + std::to_string(got) + " of " + std::to_string(h.size) +
-          " payload bytes";
-    return std::nullopt;
-  }
-  char extra;
-  if (std::fread(&extra, 1, 1, f) != 0) {
-    why = "has bytes after its payload";
-    return std::nullopt;
-  }
-  uint32_t crc = static_cast<uint32_t>(::crc32(
-      0L,
-      reinterpret_cast<const Bytef*>(payload.data()),
-      static_cast<uInt>(payload.size())));
-  if (crc != h.crc32) {
-    why = "corrupt: checksum mismatch";
-    return std::nullopt;
-  }
-  return payload;
+  return detail::decode_checkpoint(file, expected_step, key, why);
 }
 
 // Rank 0's verdict, broadcast to every rank: "" when all went well.
@@ -307,6 +273,19 @@ Checkpointer::Checkpointer(
   while (dir_.size() > 1 && dir_.back() == '/') {
     dir_.pop_back();
   }
+  key_file_ = detail::settings().checkpoint_key_file;
+}
+
+Checkpointer& Checkpointer::key_file(std::string path) {
+  key_file_ = std::move(path);
+  key_.clear();
+  return *this;
+}
+
+const std::string& Checkpointer::key() {
+  if (key_.empty() && !key_file_.empty())
+    key_ = detail::read_checkpoint_key(key_file_);
+  return key_;
 }
 
 Checkpointer& Checkpointer::add_entry(Entry entry) {
@@ -486,7 +465,9 @@ void Checkpointer::save(int64_t step) {
         payload.append(static_cast<const char*>(data), n);
         return n;
       });
-      write_checkpoint(dir_, step, payload);
+      const std::string& k = key();
+      write_checkpoint(
+          dir_, step, detail::encode_checkpoint(step, payload, k), !k.empty());
       // Only now that the new one is durable: drop the oldest, and any
       // temporary file a killed writer left behind.
       auto paths = list();
@@ -515,12 +496,22 @@ std::optional<int64_t> Checkpointer::restore() {
   TimelineRange span("checkpoint restore", "checkpoint");
   std::string payload;
   int64_t step = -1;
+  // Rank 0 reads the key; a key it cannot read fails every rank alike.
+  std::string key_error;
+  if (my_rank() == 0) {
+    try {
+      key();
+    } catch (const std::exception& e) {
+      key_error = e.what();
+    }
+  }
+  agree_on_outcome(key_error, "read the checkpoint key");
   if (my_rank() == 0) {
     auto paths = list();
     for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
       std::string why;
       auto name = it->substr(it->rfind('/') + 1);
-      if (auto p = read_checkpoint(*it, step_of(name), why)) {
+      if (auto p = read_checkpoint(*it, step_of(name), key_, why)) {
         payload = std::move(*p);
         step = step_of(name);
         break;
