@@ -3,7 +3,7 @@
 // under ronderun. benchmarks/run_train.py runs every mode side by side with
 // PyTorch's DistributedDataParallel (ddp_train_bench.py, the same models).
 //   train_bench --workload mlp|cnn --mode local|ronde [--steps N] [--json F]
-//               [--device cpu|cuda] [--batch N] [--windows N]
+//               [--device cpu|cuda] [--batch N] [--windows N] [--sync-bn]
 // On CUDA a step's time is a window of `steps` steps between two device
 // synchronizations, divided by `steps`; the median over --windows windows is
 // reported (tests/gpu/run_gpu_checks.sh runs local and ronde alternately).
@@ -31,48 +31,63 @@ torch::nn::Sequential make_mlp() {
       torch::nn::Linear(4096, 1000));
 }
 
+// Batch norm of `c` channels registered as `name`: torch's, or ronde's
+// SyncBatchNorm (--sync-bn), called the same way.
+torch::nn::AnyModule batch_norm(
+    torch::nn::Module& parent, const std::string& name, int64_t c, bool sync) {
+  if (sync) {
+    return torch::nn::AnyModule(
+        parent.register_module(name, ronde::nn::SyncBatchNorm(c)));
+  }
+  return torch::nn::AnyModule(
+      parent.register_module(name, torch::nn::BatchNorm2d(c)));
+}
+
 struct BasicBlockImpl : torch::nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride, bool sync) {
     using namespace torch::nn;
     conv1 = register_module(
         "conv1",
         Conv2d(
             Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
-    bn1 = register_module("bn1", BatchNorm2d(out));
+    bn1 = batch_norm(*this, "bn1", out, sync);
     conv2 = register_module(
         "conv2", Conv2d(Conv2dOptions(out, out, 3).padding(1).bias(false)));
-    bn2 = register_module("bn2", BatchNorm2d(out));
+    bn2 = batch_norm(*this, "bn2", out, sync);
     if (stride != 1 || in != out) {
       shortcut = register_module(
           "shortcut",
           Sequential(
               Conv2d(Conv2dOptions(in, out, 1).stride(stride).bias(false)),
               BatchNorm2d(out)));
+      if (sync)
+        ronde::convert_sync_batchnorm(*shortcut);
     }
   }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(bn1->forward(conv1->forward(x)));
-    y = bn2->forward(conv2->forward(y));
+    auto y = torch::relu(bn1.forward(conv1->forward(x)));
+    y = bn2.forward(conv2->forward(y));
     return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::AnyModule bn1, bn2;
   torch::nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
 
 // ResNet-18 for 3x32x32 inputs (CIFAR layout: 3x3 stem, no max-pool).
 struct ResNet18Impl : torch::nn::Module {
-  ResNet18Impl() {
+  explicit ResNet18Impl(bool sync) {
     using namespace torch::nn;
     stem = register_module(
         "stem", Conv2d(Conv2dOptions(3, 64, 3).padding(1).bias(false)));
-    bn = register_module("bn", BatchNorm2d(64));
+    bn = batch_norm(*this, "bn", 64, sync);
     int64_t in = 64;
     const int64_t planes[] = {64, 128, 256, 512};
     for (int l = 0; l < 4; ++l) {
       for (int b = 0; b < 2; ++b) {
-        layers->push_back(BasicBlock(in, planes[l], b == 0 && l > 0 ? 2 : 1));
+        layers->push_back(
+            BasicBlock(in, planes[l], b == 0 && l > 0 ? 2 : 1, sync));
         in = planes[l];
       }
     }
@@ -80,13 +95,13 @@ struct ResNet18Impl : torch::nn::Module {
     fc = register_module("fc", Linear(512, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn->forward(stem->forward(x)));
+    x = torch::relu(bn.forward(stem->forward(x)));
     x = layers->forward(x);
     x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
     return fc->forward(x);
   }
   torch::nn::Conv2d stem{nullptr};
-  torch::nn::BatchNorm2d bn{nullptr};
+  torch::nn::AnyModule bn;
   torch::nn::Sequential layers;
   torch::nn::Linear fc{nullptr};
 };
@@ -104,6 +119,8 @@ int main(int argc, char** argv) {
   std::string device_name = "cpu";
   int steps = 10, warmup = 3, windows = 5;
   int64_t batch_arg = 0;
+  // cnn: ronde's SyncBatchNorm in place of BatchNorm2d.
+  bool sync_bn = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -127,10 +144,12 @@ int main(int argc, char** argv) {
       batch_arg = std::stoll(next());
     else if (a == "--windows")
       windows = std::stoi(next());
+    else if (a == "--sync-bn")
+      sync_bn = true;
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
                    "[--steps N] [--warmup N] [--compression none|fp16|bf16] "
-                   "[--device cpu|cuda] [--batch N] [--windows N] "
+                   "[--device cpu|cuda] [--batch N] [--windows N] [--sync-bn] "
                    "[--json FILE]\n";
       return 2;
     }
@@ -178,7 +197,7 @@ int main(int argc, char** argv) {
     x = torch::randn({batch, 1024});
     y = torch::randint(0, 1000, {batch});
   } else {
-    auto m = ResNet18();
+    auto m = ResNet18(sync_bn);
     model = m.ptr();
     forward = [m](torch::Tensor t) mutable { return m->forward(t); };
     batch = batch_arg > 0 ? batch_arg : 32;
@@ -260,9 +279,10 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "
+        "%s%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "
         "%.1f samples/s, comm wait %.1f ms\n",
         workload.c_str(),
+        sync_bn ? " (SyncBatchNorm)" : "",
         mode.c_str(),
         device_name.c_str(),
         compression.c_str(),
@@ -279,7 +299,7 @@ int main(int argc, char** argv) {
           << ",\"wait_s\":" << wait
           << ",\"samples_per_s\":" << world * batch / step
           << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
-          << "}\n";
+          << ",\"sync_bn\":" << (sync_bn ? "true" : "false") << "}\n";
     }
   }
   if (distributed)

@@ -44,6 +44,13 @@ int main(int argc, char** argv) {
         "SGD learning rate for a batch of 64 samples, scaled linearly with the "
         "global batch");
     const auto momentum = flags.real("momentum", 0.9, "SGD momentum");
+    const bool batch_norm = flags.boolean(
+        "batch-norm",
+        "batch norm after each convolution, on each rank's own batch");
+    const bool sync_bn = flags.boolean(
+        "sync-bn",
+        "batch norm after each convolution on the global batch "
+        "(ronde::nn::SyncBatchNorm)");
     const auto warmup_epochs =
         flags.real("warmup-epochs", 0.5, "epochs of LR warmup");
     const auto seed = flags.integer(
@@ -90,7 +97,7 @@ int main(int argc, char** argv) {
 
     // Same initial weights everywhere: seed, then rank 0's values win.
     torch::manual_seed(seed);
-    examples::FashionNet model;
+    examples::FashionNet model(batch_norm || sync_bn, sync_bn);
     ronde::broadcast_parameters(model->named_parameters(), /*root_rank=*/0);
 
     // Built with one replica's LR; LrScaling::Linear multiplies it by the

@@ -16,10 +16,13 @@
 namespace examples {
 
 // A small CNN: two 3x3 convolution blocks (16 and 32 channels) and two linear
-// layers. No dropout and no batch norm, so training is a function of the data
-// order alone: 1, 2 or 4 ranks at one global batch train the same model.
+// layers. No dropout and no batch norm by default, so training is a function
+// of the data order alone: 1, 2 or 4 ranks at one global batch train the same
+// model. `batch_norm` adds one after each convolution: torch's BatchNorm2d,
+// whose statistics are each rank's own batch, or with `sync` ronde's
+// SyncBatchNorm, whose statistics are the global batch's.
 struct FashionNetImpl : torch::nn::Module {
-  FashionNetImpl()
+  explicit FashionNetImpl(bool batch_norm = false, bool sync = false)
       : conv1(register_module(
             "conv1",
             torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
@@ -27,17 +30,42 @@ struct FashionNetImpl : torch::nn::Module {
             "conv2",
             torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
         fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {
+    if (batch_norm) {
+      bn1 = norm("bn1", 16, sync);
+      bn2 = norm("bn2", 32, sync);
+    }
+  }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    x = conv1(x);
+    if (!bn1.is_empty())
+      x = bn1.forward(x);
+    x = torch::max_pool2d(torch::relu(x), 2);
+    x = conv2(x);
+    if (!bn2.is_empty())
+      x = bn2.forward(x);
+    x = torch::max_pool2d(torch::relu(x), 2);
     x = torch::relu(fc1(x.flatten(1)));
     return fc2(x);
   }
 
   torch::nn::Conv2d conv1, conv2;
   torch::nn::Linear fc1, fc2;
+  // Either kind of batch norm, called the same way.
+  torch::nn::AnyModule bn1, bn2;
+
+ private:
+  torch::nn::AnyModule norm(const std::string& name, int64_t c, bool sync) {
+    if (sync) {
+      ronde::nn::SyncBatchNorm bn(c);
+      register_module(name, bn);
+      return torch::nn::AnyModule(bn);
+    }
+    torch::nn::BatchNorm2d bn(c);
+    register_module(name, bn);
+    return torch::nn::AnyModule(bn);
+  }
 };
 TORCH_MODULE(FashionNet);
 

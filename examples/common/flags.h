@@ -31,10 +31,12 @@ class Flags {
       auto eq = a.find('=');
       if (eq != std::string::npos) {
         values_[a.substr(2, eq - 2)] = a.substr(eq + 1);
-      } else if (i + 1 < argc) {
+      } else if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
         values_[a.substr(2)] = argv[++i];
       } else {
-        throw std::invalid_argument("flag " + a + " needs a value");
+        // A switch (see boolean()); any other flag then says it needs a
+        // value.
+        values_[a.substr(2)] = "";
       }
     }
   }
@@ -61,6 +63,20 @@ class Flags {
     }
     return v;
   }
+  // A switch: --name alone (or --name=1/0) turns it on (off).
+  bool boolean(const std::string& name, const std::string& help) {
+    describe(name, "off", help);
+    auto it = take(name);
+    if (!it)
+      return false;
+    const std::string v = *it;
+    if (v.empty() || v == "1" || v == "true" || v == "on")
+      return true;
+    if (v == "0" || v == "false" || v == "off")
+      return false;
+    throw std::invalid_argument("--" + name + "=" + v + " is not on or off");
+  }
+
   double real(const std::string& name, double def, const std::string& help) {
     std::ostringstream d;
     d << def;

@@ -176,6 +176,25 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
+// Rank 0 skipped `file` for `reason`, every rank restored step 32 instead,
+// and the run ended with the uninterrupted run's parameters.
+void expect_fell_back_to_32(
+    const JobResult& job,
+    const std::string& file,
+    const std::string& reason,
+    const std::vector<std::string>& expected) {
+  ASSERT_TRUE(job.all_succeeded()) << job.dump();
+  EXPECT_NE(
+      job.ranks[0].output.find("skipping checkpoint " + file + ": " + reason),
+      std::string::npos)
+      << job.dump();
+  for (const auto& r : job.ranks) {
+    EXPECT_NE(r.output.find("restored step 32"), std::string::npos)
+        << job.dump();
+  }
+  EXPECT_EQ(params_of(job), expected) << job.dump();
+}
+
 TEST(Checkpoint, EncryptedFilesResumeBitwiseAndRefuseChangesAndOtherKeys) {
   auto root = ronde::testing::make_temp_dir();
   auto straight = run_checkpoint(root + "/straight", 0, -1);
@@ -219,36 +238,22 @@ TEST(Checkpoint, EncryptedFilesResumeBitwiseAndRefuseChangesAndOtherKeys) {
     std::memcpy(bad.data() + 24, &crc, 4);
     write_bytes(newest, bad);
   }
-  auto after_change = run_encrypted(dir, key_a, -1);
-  ASSERT_TRUE(after_change.all_succeeded()) << after_change.dump();
-  EXPECT_NE(
-      after_change.ranks[0].output.find(
-          "skipping checkpoint " + newest +
-          ": refused: its authentication tag does not verify"),
-      std::string::npos)
-      << after_change.dump();
-  EXPECT_NE(
-      after_change.ranks[1].output.find("restored step 32"), std::string::npos)
-      << after_change.dump();
-  EXPECT_EQ(params_of(after_change), expected) << after_change.dump();
+  expect_fell_back_to_32(
+      run_encrypted(dir, key_a, -1),
+      newest,
+      "refused: its authentication tag does not verify",
+      expected);
 
   // Step 40 as written under another key: refused, step 32 used.
   const std::string other = root + "/other";
   auto under_b = run_encrypted(other, key_b, -1);
   ASSERT_TRUE(under_b.all_succeeded()) << under_b.dump();
   write_bytes(newest, file_bytes(other + "/" + ckpt(40)));
-  auto wrong_key = run_encrypted(dir, key_a, -1);
-  ASSERT_TRUE(wrong_key.all_succeeded()) << wrong_key.dump();
-  EXPECT_NE(
-      wrong_key.ranks[0].output.find(
-          "skipping checkpoint " + newest +
-          ": refused: encrypted with another key"),
-      std::string::npos)
-      << wrong_key.dump();
-  EXPECT_NE(
-      wrong_key.ranks[1].output.find("restored step 32"), std::string::npos)
-      << wrong_key.dump();
-  EXPECT_EQ(params_of(wrong_key), expected) << wrong_key.dump();
+  expect_fell_back_to_32(
+      run_encrypted(dir, key_a, -1),
+      newest,
+      "refused: encrypted with another key",
+      expected);
 
   // A plain file where a key is set: anyone could have written it.
   const std::string plain_dir = root + "/plain";

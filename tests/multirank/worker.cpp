@@ -757,7 +757,7 @@ int scenario_secret_probe(const std::string& dir) {
   struct stat st {};
   CHECK_W(::stat(path, &st) == 0, "the secret file exists");
   std::cout << "SECRET_FILE mode " << std::oct << (st.st_mode & 0777)
-            << std::dec << std::endl;
+            << std::dec << " at " << path << std::endl;
   {
     std::ifstream in(path, std::ios::binary);
     std::ofstream out(dir + "/secret-" + rank_env, std::ios::binary);
@@ -839,6 +839,7 @@ int scenario_crash() {
 
 int run_optim_scenario(int argc, char** argv);       // worker_optim.cpp
 int run_checkpoint_scenario(int argc, char** argv);  // worker_checkpoint.cpp
+int run_sync_bn_scenario(int argc, char** argv);     // worker_sync_bn.cpp
 
 int main(int argc, char** argv) {
   at::set_num_threads(1);
@@ -872,6 +873,8 @@ int main(int argc, char** argv) {
     if (int rc = run_optim_scenario(argc, argv); rc >= 0)
       return rc;
     if (int rc = run_checkpoint_scenario(argc, argv); rc >= 0)
+      return rc;
+    if (int rc = run_sync_bn_scenario(argc, argv); rc >= 0)
       return rc;
   } catch (const std::exception& e) {
     std::cout << "UNCAUGHT: " << e.what() << std::endl;

@@ -236,3 +236,127 @@ def test_single_process_without_launcher():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[1.0, 1.0]"
+
+
+def sync_bn_reference(size, steps=3, offset=0):
+    """One torch.nn.BatchNorm2d on every rank's rows at once."""
+    from worker import make_sync_bn_params, sync_bn_data
+    bn = torch.nn.BatchNorm2d(3, momentum=0.2)
+    weight, bias = make_sync_bn_params()
+    with torch.no_grad():
+        bn.weight.copy_(weight)
+        bn.bias.copy_(bias)
+    out = []
+    for step in range(steps):
+        sizes, x, w = sync_bn_data(step, size, offset)
+        x = x.clone().requires_grad_()
+        y = bn(x)
+        (y * w).sum().backward()
+        out.append({"sizes": sizes, "y": y.detach(), "dx": x.grad,
+                    "dweight": bn.weight.grad.clone(),
+                    "dbias": bn.bias.grad.clone()})
+        bn.weight.grad = None
+        bn.bias.grad = None
+    bn.eval()
+    _, x, _ = sync_bn_data(9, size)
+    return out, bn, bn(x[:4]).detach()
+
+
+def check_sync_bn(got, np_, offset=0):
+    from worker import make_sync_bn_params, sync_bn_data
+    ref, bn, ref_eval = sync_bn_reference(np_, offset=offset)
+    tol = {"rtol": 1e-6, "atol": 1e-6}
+    # What the worker's autocast forward should give: batch norm of the
+    # step-0 rows as bfloat16 (an identity convolution made them so).
+    _, x, _ = sync_bn_data(0, np_)
+    xin = x.to(torch.bfloat16).float()
+    weight, bias = make_sync_bn_params()
+    var, mean = torch.var_mean(xin, dim=(0, 2, 3), correction=0)
+    amp_want = ((xin - mean.view(1, 3, 1, 1)) * (var.view(1, 3, 1, 1) + 1e-5)
+                .rsqrt() * weight.view(1, 3, 1, 1) + bias.view(1, 3, 1, 1))
+    for s, want in enumerate(ref):
+        sizes = want["sizes"]
+        for r in range(np_):
+            lo = sum(sizes[:r])
+            step = got[r]["steps"][s]
+            torch.testing.assert_close(step["y"], want["y"][lo:lo + sizes[r]],
+                                       **tol)
+            torch.testing.assert_close(step["dx"], want["dx"][lo:lo + sizes[r]],
+                                       **tol)
+        # Weight and bias gradients are local sums: the optimizer's
+        # all-reduce (a sum here) makes the global one.
+        torch.testing.assert_close(
+            sum(g["steps"][s]["dweight"] for g in got), want["dweight"], **tol)
+        torch.testing.assert_close(
+            sum(g["steps"][s]["dbias"] for g in got), want["dbias"], **tol)
+    for r in range(np_):
+        torch.testing.assert_close(got[r]["running_mean"], bn.running_mean,
+                                   **tol)
+        torch.testing.assert_close(got[r]["running_var"], bn.running_var,
+                                   **tol)
+        assert got[r]["tracked"] == 3
+        torch.testing.assert_close(got[r]["eval"], ref_eval, **tol)
+        # bfloat16 under autocast: the output's dtype, and batch norm of the
+        # bfloat16 inputs within bfloat16's precision.
+        assert got[r]["amp"].dtype == torch.bfloat16
+        torch.testing.assert_close(got[r]["amp"].float(),
+                                   amp_want[8 * r:8 * r + 8],
+                                   atol=0.03, rtol=0.02)
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_sync_batch_norm_matches_one_batch_norm_on_the_global_batch(ranks, np_):
+    # Per-replica batches of 8, then a ragged last one (8/5 or 8/5/3/8).
+    ranks.run("sync_bn", np=np_)
+    check_sync_bn([ranks.load("sync_bn", r) for r in range(np_)], np_)
+
+
+def test_sync_batch_norm_over_process_sets(ranks):
+    # 4 ranks, two sets of 2: each set's rows are its own global batch.
+    ranks.run("sync_bn", "sets=1", np=4)
+    got = [ranks.load("sync_bn", r) for r in range(4)]
+    check_sync_bn(got[:2], 2, offset=0)
+    check_sync_bn(got[2:], 2, offset=100)
+
+
+def test_a_horovod_script_runs_with_only_its_import_changed(ranks):
+    ranks.run("horovod_api")
+    want = reference("sgd")
+    for r in range(2):
+        res = ranks.load("horovod_api", r)
+        assert_params_close(res["params"], want)
+        torch.testing.assert_close(res["average_true"], torch.tensor([1.5]))
+        torch.testing.assert_close(res["average_false"], torch.tensor([3.0]))
+        assert res["deprecation"] == ["DeprecationWarning"] * 2
+        torch.testing.assert_close(res["op_sum"], torch.tensor([3.0]))
+        torch.testing.assert_close(res["op_max"], torch.tensor([2.0]))
+        torch.testing.assert_close(res["fp16"], torch.tensor([1.5]))
+        assert res["fp16"].dtype == torch.float32
+        assert "exclusive" in res["both"]
+        torch.testing.assert_close(res["allgather"],
+                                   torch.tensor([[0.0], [1.0], [1.0]]))
+        torch.testing.assert_close(res["broadcast"], torch.tensor([1.0]))
+        assert res["broadcast_object"] == {"from": 1}
+        assert res["allgather_object"] == [("rank", 0, []), ("rank", 1, [1])]
+        # Each rank sends 1 row to rank 0 and 3 to rank 1.
+        want_a2a = (torch.tensor([0.0, 10.0]) if r == 0 else
+                    torch.tensor([1.0, 2.0, 3.0, 11.0, 12.0, 13.0]))
+        torch.testing.assert_close(res["alltoall"], want_a2a)
+        want_list = (torch.tensor([0.0, 1.0, 10.0, 11.0]) if r == 0 else
+                     torch.tensor([2.0, 3.0, 12.0, 13.0]))
+        torch.testing.assert_close(res["alltoall_list"], want_list)
+        g = res["grouped"]
+        torch.testing.assert_close(g[0], torch.full((2,), 3.0))
+        torch.testing.assert_close(g[1], torch.full((3,), 5.0,
+                                                    dtype=torch.float64))
+        torch.testing.assert_close(g[2], torch.full((1,), 7.0))
+        # Not in place: the inputs kept their values.
+        torch.testing.assert_close(res["grouped_inputs"][0],
+                                   torch.full((2,), r + 1.0))
+        torch.testing.assert_close(res["grouped_"][0], torch.full((2,), 1.5))
+        torch.testing.assert_close(res["grouped_"][2], torch.full((1,), 3.5))
+        assert res["converted"] == "SyncBatchNorm"
+        torch.testing.assert_close(res["converted_running_mean"],
+                                   torch.full((3,), 0.5))
+        assert res["sync_bn_out_shape"] == (4, 3, 2, 2)
+        assert res["caps"] == (False, False, True, False)

@@ -257,6 +257,140 @@ def uneven(out, divide="contrib"):
     save(out, "uneven", {"last": j.last_rank, "sums": sums})
 
 
+def sync_bn_data(step, size, offset=0):
+    """Step `step` of the SyncBatchNorm check: every rank's rows of the
+    global batch (8 each; the last step ragged), and the weights of the
+    loss sum(y * g). `offset` gives each process set data of its own."""
+    sizes = [8] * size if step < 2 else [8, 5, 3, 8][:size]
+    g = torch.Generator().manual_seed(500 + step + offset)
+    x = torch.randn(sum(sizes), 3, 4, 4, generator=g) * 2 + 0.5
+    w = torch.randn(sum(sizes), 3, 4, 4, generator=g)
+    return sizes, x, w
+
+
+def make_sync_bn_params():
+    g = torch.Generator().manual_seed(7)
+    return torch.rand(3, generator=g) + 0.5, torch.randn(3, generator=g)
+
+
+def sync_bn(out, steps="3", sets="0"):
+    """With sets=1 (4 ranks): ranks 0, 1 and ranks 2, 3 each normalise over
+    their own set's rows only."""
+    ps = None
+    if sets == "1":
+        pair = [rt.add_process_set([0, 1]), rt.add_process_set([2, 3])]
+        ps = pair[rt.rank() // 2]
+    bn = rt.SyncBatchNorm(3, momentum=0.2, process_set=ps)
+    weight, bias = make_sync_bn_params()
+    with torch.no_grad():
+        bn.weight.copy_(weight)
+        bn.bias.copy_(bias)
+    r = rt.rank() if ps is None else ps.rank()
+    size = rt.size() if ps is None else ps.size()
+    got = []
+    for step in range(int(steps)):
+        sizes, x, w = sync_bn_data(step, size, offset=0 if ps is None
+                                   else 100 * (rt.rank() // 2))
+        lo = sum(sizes[:r])
+        mine = x[lo:lo + sizes[r]].clone().requires_grad_()
+        y = bn(mine)
+        (y * w[lo:lo + sizes[r]]).sum().backward()
+        got.append({"y": y.detach(), "dx": mine.grad,
+                    "dweight": bn.weight.grad.clone(),
+                    "dbias": bn.bias.grad.clone()})
+        bn.weight.grad = None
+        bn.bias.grad = None
+    bn.eval()
+    _, x, _ = sync_bn_data(9, size)
+    y_eval = bn(x[:4])
+    if r == 0:
+        # Eval mode does not communicate: rank 0 alone runs it again (a
+        # collective here would wait for rank 1 until the timeout).
+        bn(x[4:8])
+    result = {"steps": got, "eval": y_eval.detach(),
+              "running_mean": bn.running_mean.clone(),
+              "running_var": bn.running_var.clone(),
+              "tracked": int(bn.num_batches_tracked)}
+    # Under autocast (a bfloat16 convolution in front) the statistics are
+    # float32 and the output keeps the input's dtype.
+    bn.train()
+    conv = torch.nn.Conv2d(3, 3, 1)
+    with torch.no_grad():
+        conv.weight.copy_(torch.eye(3).view(3, 3, 1, 1))
+        conv.bias.zero_()
+    _, x, _ = sync_bn_data(0, size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result["amp"] = bn(conv(x[8 * r:8 * r + 8])).detach()
+    save(out, "sync_bn", result)
+
+
+def horovod_api(out):
+    """A Horovod script with only its import line changed: the worker's
+    own `rt` is not used here."""
+    import warnings
+
+    import ronde.torch as hvd
+
+    r = hvd.rank()
+    model = make_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = make_optimizer("sgd", model.parameters(), 0.05)
+    opt = hvd.DistributedOptimizer(
+        opt, named_parameters=model.named_parameters(),
+        compression=hvd.Compression.none, backward_passes_per_step=1)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step, 0, r, hvd.size(), 1)
+        loss_fn(model, x, y).backward()
+        opt.step()
+    res = {"params": {n: p.detach().clone()
+                      for n, p in model.named_parameters()}}
+    t = torch.tensor([r + 1.0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res["average_true"] = hvd.allreduce(t, average=True)
+        res["average_false"] = hvd.allreduce(t, average=False, name="sum")
+    res["deprecation"] = [str(w.category.__name__) for w in caught]
+    res["op_sum"] = hvd.allreduce(t, op=hvd.Sum)
+    res["op_max"] = hvd.allreduce(t, name=None, op=hvd.Max)
+    res["fp16"] = hvd.allreduce(torch.tensor([r + 0.25]),
+                                compression=hvd.Compression.fp16, op=hvd.Sum)
+    try:
+        hvd.allreduce(t, average=True, op=hvd.Sum)
+        res["both"] = "accepted"
+    except ValueError as e:
+        res["both"] = str(e)
+    res["allgather"] = hvd.allgather(torch.tensor([[float(r)]] * (r + 1)),
+                                     name=None)
+    res["broadcast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=1,
+                                     name=None)
+    res["broadcast_object"] = hvd.broadcast_object({"from": r}, root_rank=1)
+    res["allgather_object"] = hvd.allgather_object(("rank", r, [r] * r))
+    res["alltoall"] = hvd.alltoall(torch.arange(4.0) + 10 * r,
+                                   splits=torch.tensor([1, 3]))
+    res["alltoall_list"] = hvd.alltoall(torch.arange(4.0) + 10 * r,
+                                        splits=[2, 2])
+    grouped = [torch.full((2,), r + 1.0), torch.full((3,), r + 2.0,
+               dtype=torch.float64), torch.full((1,), r + 3.0)]
+    res["grouped"] = hvd.grouped_allreduce(grouped, op=hvd.Sum)
+    res["grouped_inputs"] = [g.clone() for g in grouped]
+    hvd.grouped_allreduce_(grouped)
+    res["grouped_"] = grouped
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 3, 1),
+                              torch.nn.BatchNorm2d(3), torch.nn.ReLU())
+    with torch.no_grad():
+        net[1].running_mean.fill_(0.5)
+    net = hvd.SyncBatchNorm.convert_sync_batchnorm(net)
+    res["converted"] = type(net[1]).__name__
+    res["converted_running_mean"] = net[1].running_mean.clone()
+    y = net(torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(r)))
+    res["sync_bn_out_shape"] = tuple(y.shape)
+    res["caps"] = (hvd.mpi_threads_supported(), hvd.mpi_enabled(),
+                   hvd.gloo_enabled(), hvd.nccl_built())
+    save(out, "horovod_api", res)
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -266,7 +400,8 @@ def main():
     try:
         {"train": train, "collectives": collectives, "errors": errors,
          "peer_dies": peer_dies, "process_sets": process_sets,
-         "uneven": uneven}[scenario](
+         "uneven": uneven, "sync_bn": sync_bn,
+         "horovod_api": horovod_api}[scenario](
              out, **kwargs)
     except Exception:
         traceback.print_exc()

@@ -12,5 +12,6 @@
 #include <ronde/process_set.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
+#include <ronde/sync_batch_norm.h>
 #include <ronde/timeline.h>
 #include <ronde/version.h>

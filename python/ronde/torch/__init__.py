@@ -38,20 +38,8 @@ from ._C import (  # noqa: F401  (re-exported)
     StepProfile,
     WarmupShape,
     add_process_set,
-    allgather,
-    allgather_async,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall,
-    alltoall_async,
     barrier,
     barrier_async,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
     cross_rank,
     cross_size,
     global_process_set,
@@ -61,12 +49,9 @@ from ._C import (  # noqa: F401  (re-exported)
     local_rank,
     local_size,
     lr_scale_factor,
-    nccl_built,
     host_backend,
     process_sets,
     rank,
-    reducescatter,
-    reducescatter_async,
     remove_process_set,
     shutdown,
     size,
@@ -122,10 +107,10 @@ def broadcast_parameters(params, root_rank, process_set=None):
                                 process_set=_set_or_global(process_set))
 
 
-def broadcast_object(obj, root_rank=0, name="ronde.broadcast_object",
-                     process_set=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Returns root_rank's ``obj`` on every rank (through torch.save); with
     ``process_set``, on every rank of that set (``root_rank`` within it)."""
+    name = name or "ronde.broadcast_object"
     ps = _set_or_global(process_set)
     me = ps.rank()
     if me == root_rank:
@@ -214,3 +199,35 @@ from ._optimizer import (  # noqa: E402,F401
     GradScaler,
     WarmupScheduler,
 )
+# Horovod's spellings (average=, compression=, tensor splits, grouped and
+# object collectives, capability queries) over the calls above.
+from ._horovod import (  # noqa: E402,F401
+    allgather,
+    allgather_async,
+    allgather_object,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    grouped_allreduce,
+    grouped_allreduce_,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    reducescatter,
+    reducescatter_async,
+    rocm_built,
+)
+from ._sync_batch_norm import SyncBatchNorm  # noqa: E402,F401

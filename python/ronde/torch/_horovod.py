@@ -1,0 +1,264 @@
+"""Horovod's spellings, where they mean what ronde's calls do, so that a
+script written for ``horovod.torch`` runs with ``import ronde.torch as hvd``:
+``average=`` beside ``op=``, ``compression=`` on the collectives, alltoall
+splits as a tensor, ``grouped_allreduce``, ``allgather_object`` and the
+capability queries. README.md ("Coming from Horovod") lists what differs.
+"""
+import functools as _functools
+import io as _io
+import warnings as _warnings
+
+import torch as _torch
+
+from . import _C
+
+_ReduceOp = _C.ReduceOp
+
+
+def _resolve_op(average, op, caller):
+    """Horovod's rule: ``average`` is the deprecated spelling of ``op``;
+    both at once is an error; neither is Average."""
+    if isinstance(average, _ReduceOp):  # ronde's positional op
+        if op is not None:
+            raise ValueError(f"ronde: {caller}: op given twice")
+        return average
+    if average is not None:
+        if op is not None:
+            raise ValueError(
+                f"ronde: {caller}: average= and op= are exclusive "
+                "(average is the deprecated spelling of op)")
+        _warnings.warn(
+            f"{caller}: average= is deprecated, use op=Average or op=Sum "
+            "as in Horovod", DeprecationWarning, stacklevel=3)
+        return _ReduceOp.Average if average else _ReduceOp.Sum
+    return _ReduceOp.Average if op is None else op
+
+
+class _Wire:
+    """Horovod's ``compression=`` on a collective: the tensor travels as
+    float16 or bfloat16 and comes back in its own dtype."""
+
+    def __init__(self, compression, tensor):
+        self.dtype = tensor.dtype
+        self.to = None
+        if compression is not None and tensor.is_floating_point():
+            if compression == _C.Compression.fp16:
+                self.to = _torch.float16
+            elif compression == _C.Compression.bf16:
+                self.to = _torch.bfloat16
+        if self.to == self.dtype:
+            self.to = None
+
+    def down(self, t):
+        return t if self.to is None else t.to(self.to)
+
+    def up(self, t):
+        return t if self.to is None else t.to(self.dtype)
+
+
+def _set(process_set):
+    return _C.global_process_set() if process_set is None else process_set
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """The reduction over ranks (Average unless ``op`` says otherwise), as a
+    new tensor. Horovod's arguments: ``average`` (deprecated), ``op``,
+    ``compression`` (``Compression.fp16``/``bf16``: sent as that type),
+    ``prescale_factor``, ``postscale_factor``, ``process_set``."""
+    op = _resolve_op(average, op, "allreduce")
+    wire = _Wire(compression, tensor)
+    out = _C.allreduce(wire.down(tensor), op, prescale_factor,
+                       postscale_factor, name or "", _set(process_set))
+    return wire.up(out)
+
+
+def _with_op(fn, caller, doc):
+    """A binding taking (tensor, op, prescale, postscale, name, set) with
+    Horovod's keywords."""
+
+    def call(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+             postscale_factor=1.0, process_set=None):
+        return fn(tensor, _resolve_op(average, op, caller), prescale_factor,
+                  postscale_factor, name or "", _set(process_set))
+
+    call.__name__ = call.__qualname__ = caller
+    call.__doc__ = doc
+    return call
+
+
+allreduce_ = _with_op(_C.allreduce_, "allreduce_",
+                      "allreduce in place; returns ``tensor``.")
+allreduce_async = _with_op(_C.allreduce_async, "allreduce_async",
+                           "allreduce, returning a handle.")
+allreduce_async_ = _with_op(_C.allreduce_async_, "allreduce_async_",
+                            "allreduce in place, returning a handle.")
+
+
+def _none_means_default(fn):
+    """Horovod's scripts pass ``name=None`` and ``process_set=None`` for
+    "none given": the bindings want a string and a set."""
+
+    @_functools.wraps(fn)
+    def call(*args, **kwargs):
+        if kwargs.get("name", "") is None:
+            kwargs["name"] = ""
+        if "process_set" in kwargs and kwargs["process_set"] is None:
+            del kwargs["process_set"]
+        return fn(*args, **kwargs)
+
+    return call
+
+
+allgather = _none_means_default(_C.allgather)
+allgather_async = _none_means_default(_C.allgather_async)
+broadcast = _none_means_default(_C.broadcast)
+broadcast_ = _none_means_default(_C.broadcast_)
+broadcast_async = _none_means_default(_C.broadcast_async)
+broadcast_async_ = _none_means_default(_C.broadcast_async_)
+reducescatter = _none_means_default(_C.reducescatter)
+reducescatter_async = _none_means_default(_C.reducescatter_async)
+
+
+def _splits(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, _torch.Tensor):
+        if splits.dim() != 1 or splits.is_floating_point():
+            raise TypeError("ronde: alltoall: splits must be a 1-d integer "
+                            f"tensor, got {splits.dtype} of shape "
+                            f"{tuple(splits.shape)}")
+        return [int(s) for s in splits.tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Rows ``splits[r]`` go to rank ``r`` (a list or a 1-d integer tensor,
+    as in Horovod; equal parts when omitted)."""
+    return _C.alltoall(tensor, _splits(splits), name or "", _set(process_set))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    return _C.alltoall_async(tensor, _splits(splits), name or "",
+                             _set(process_set))
+
+
+def _grouped(tensors, op, name, prescale, postscale, process_set, out):
+    """One all-reduce per dtype (and device) for the whole list: the
+    tensors are packed into one flat buffer, reduced, and unpacked into
+    ``out`` (the inputs themselves for the in-place form)."""
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    groups = {}
+    for i, t in enumerate(tensors):
+        if not isinstance(t, _torch.Tensor):
+            raise TypeError(f"ronde: grouped_allreduce: item {i} is a "
+                            f"{type(t).__name__}, not a torch.Tensor")
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    results = [None] * len(tensors)
+    for g, (key, idx) in enumerate(sorted(groups.items(),
+                                          key=lambda kv: kv[1][0])):
+        flat = _torch.cat([tensors[i].detach().reshape(-1) for i in idx])
+        label = (name or "grouped_allreduce") + (f".{g}" if g else "")
+        _C.allreduce_(flat, op, prescale, postscale, label, process_set)
+        at = 0
+        for i in idx:
+            n = tensors[i].numel()
+            piece = flat[at:at + n].view(tensors[i].shape)
+            at += n
+            if out is None:
+                results[i] = piece.clone()
+            else:
+                with _torch.no_grad():
+                    out[i].copy_(piece)
+                results[i] = out[i]
+    return results
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=None,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=None):
+    """allreduce of every tensor of a list in one fused collective per
+    dtype; returns new tensors, in order."""
+    op = _resolve_op(average, op, "grouped_allreduce")
+    tensors = list(tensors)
+    wires = [_Wire(compression, t) for t in tensors]
+    sent = [w.down(t) for w, t in zip(wires, tensors)]
+    got = _grouped(sent, op, name, prescale_factor, postscale_factor,
+                   _set(process_set), None)
+    return [w.up(t) for w, t in zip(wires, got)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None,
+                       prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=None):
+    """grouped_allreduce in place; returns the tensors."""
+    op = _resolve_op(average, op, "grouped_allreduce_")
+    tensors = list(tensors)
+    return _grouped(tensors, op, name, prescale_factor, postscale_factor,
+                    _set(process_set), tensors)
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's ``obj`` (any object torch.save takes), as a list in rank
+    order (Horovod's ``hvd.allgather_object``)."""
+    ps = _set(process_set)
+    label = name or "ronde.allgather_object"
+    buf = _io.BytesIO()
+    _torch.save(obj, buf)
+    data = _torch.frombuffer(bytearray(buf.getvalue()), dtype=_torch.uint8)
+    sizes = _C.allgather(_torch.tensor([data.numel()], dtype=_torch.int64),
+                         label + ".sizes", ps)
+    gathered = _C.allgather(data, label, ps)
+    out, at = [], 0
+    for n in sizes.tolist():
+        piece = gathered[at:at + n].numpy().tobytes()
+        at += n
+        out.append(_torch.load(_io.BytesIO(piece), weights_only=False))
+    return out
+
+
+def mpi_threads_supported():
+    """False: ronde does not use MPI (Gloo, shared memory and NCCL)."""
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    """True: Gloo serves the CPU between hosts (shared memory within one)."""
+    return True
+
+
+def gloo_built():
+    return True
+
+
+def nccl_built():
+    """Whether this build has NCCL for CUDA tensors."""
+    return _C.nccl_built()
+
+
+def cuda_built():
+    """Whether CUDA tensors can be reduced: LibTorch has CUDA (NCCL, or
+    Gloo through host copies)."""
+    return _torch.backends.cuda.is_built()
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
