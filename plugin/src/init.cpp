@@ -88,10 +88,7 @@ std::unique_ptr<World> connect(
     const std::string secret_file = !options.job_secret_file().empty()
                                         ? options.job_secret_file()
                                         : settings.job_secret_file;
-    const std::optional<Key32> job_key = load_job_key(
-        info,
-        secret_file,
-        options.job_secret_file().empty() && settings.job_secret_file_remove);
+    const std::optional<Key32> job_key = load_job_key(info, secret_file);
     rt.store = join_store(info, settings, rt.timeout, job_key);
     config.store = rt.store;
     PeerInfo mine;

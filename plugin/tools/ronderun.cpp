@@ -57,7 +57,6 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr const char* kDefaultHost = "127.0.0.1";
 constexpr const char* kGraceEnv = "RONDE_KILL_GRACE_SECONDS";
 constexpr const char* kSecretFileEnv = "RONDE_JOB_SECRET_FILE";
-constexpr const char* kSecretRemoveEnv = "RONDE_JOB_SECRET_FILE_REMOVE";
 
 constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
 
@@ -950,10 +949,13 @@ std::vector<std::string> Launcher::remote_argv(
     line = "cd " + shell_quote(cwd) + " 2>/dev/null; ";
   }
   if (!secret_.empty()) {
-    // The secret arrives on stdin (start_rank) into a private file of this
-    // rank's own, which the rank removes once read.
-    line += std::string("umask 077; f=$(mktemp) && cat > \"$f\" && export ") +
-            kSecretFileEnv + "=\"$f\" " + kSecretRemoveEnv + "=1 || exit 1; ";
+    // The secret arrives on stdin (start_rank) into a private file that is
+    // removed at once, kept open as fd 3: nothing of it stays on that
+    // host's disk, whatever the rank does, and only the rank can read it.
+    line += std::string(
+                "umask 077; f=$(mktemp) && cat > \"$f\" && exec 3< \"$f\" "
+                "&& rm -f \"$f\" || exit 1; export ") +
+            kSecretFileEnv + "=/dev/fd/3; ";
   }
   line += "exec env";
   for (const std::string& e : env) {
@@ -1061,7 +1063,6 @@ void Launcher::build_environments() {
       "RONDE_JOB_ID",
       "RONDE_TIMEOUT_SECONDS",
       kSecretFileEnv,
-      kSecretRemoveEnv,
   };
   std::vector<std::string> base;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {

@@ -2,6 +2,7 @@
 // jobs and checks the environment it gives the ranks, how it tags their
 // output, and how it stops the job when a rank fails or a signal arrives.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -712,6 +713,71 @@ TEST_F(RonderunTest, StartsEachHostsRanksThroughTheTemplate) {
       "[2] hostB 2/3 0/1 1/2 127.0.0.1 [with space] " + here,
   };
   EXPECT_EQ(lines, want) << result.out;
+}
+
+// What is in `dir` besides `keep`.
+std::vector<std::string> other_entries(
+    const std::string& dir, const std::string& keep) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != ".." && n != keep)
+        names.push_back(n);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+TEST_F(RonderunTest, MakesAPrivateSecretPerJobAndRemovesIt) {
+  // TMPDIR: where ronderun makes its private directory.
+  const RunResult result = run_ronderun(
+      {"-np",
+       "2",
+       "--",
+       "sh",
+       "-c",
+       "echo \"$(stat -c %a \"$(dirname $RONDE_JOB_SECRET_FILE)\") "
+       "$(stat -c %a $RONDE_JOB_SECRET_FILE) "
+       "$(wc -c < $RONDE_JOB_SECRET_FILE)\""},
+      {{"TMPDIR", temp_dir_}, {"RONDE_JOB_SECRET_FILE", ""}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  // A 0700 directory, a 0600 file of 64 hex digits and a newline.
+  EXPECT_EQ(
+      line_set(result.out),
+      (std::set<std::string>{"[0] 700 600 65", "[1] 700 600 65"}));
+  EXPECT_EQ(other_entries(temp_dir_, ""), std::vector<std::string>{})
+      << "left behind";
+}
+
+TEST_F(RonderunTest, HandsOtherHostsTheSecretWithoutLeavingAFile) {
+  const std::string secret = temp_file("secret");
+  std::ofstream(secret) << "a job secret, given by file\n";
+  ASSERT_EQ(chmod(secret.c_str(), 0600), 0);
+  // The remote shell's mktemp uses TMPDIR too: anything left shows there.
+  const RunResult result = run_ronderun(
+      {"-H",
+       "hostA:1,hostB:1",
+       "--host",
+       "127.0.0.1",
+       "--rsh",
+       kFakeRsh,
+       "--",
+       "sh",
+       "-c",
+       "echo \"$FAKE_HOST $RONDE_JOB_SECRET_FILE "
+       "$(stat -L -c %a $RONDE_JOB_SECRET_FILE) "
+       "$(cat $RONDE_JOB_SECRET_FILE)\""},
+      {{"TMPDIR", temp_dir_}, {"RONDE_JOB_SECRET_FILE", secret}});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_EQ(
+      line_set(result.out),
+      (std::set<std::string>{
+          "[0] hostA /dev/fd/3 600 a job secret, given by file",
+          "[1] hostB /dev/fd/3 600 a job secret, given by file"}));
+  EXPECT_EQ(other_entries(temp_dir_, "secret"), std::vector<std::string>{})
+      << "left behind";
 }
 
 TEST_F(RonderunTest, ReadsAHostfileAndFillsHostsInOrder) {

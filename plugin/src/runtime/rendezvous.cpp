@@ -132,10 +132,10 @@ CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {
 }
 
 std::optional<Key32> load_job_key(
-    const LaunchInfo& info, const std::string& secret_file, bool remove) {
+    const LaunchInfo& info, const std::string& secret_file) {
   if (secret_file.empty())
     return std::nullopt;
-  // Read once: a later init() in this process finds the file removed.
+  // Read once: a later init() in this process may find the file gone.
   static std::mutex mutex;
   static std::map<std::string, std::string> secrets;
   std::lock_guard<std::mutex> lock(mutex);
@@ -151,8 +151,6 @@ std::optional<Key32> load_job_key(
       throw rendezvous_error(
           info, "rank " + std::to_string(info.rank) + ": " + e.what());
     }
-    if (remove)
-      ::unlink(secret_file.c_str());
   }
   return job_key_from_secret(it->second, info.job_id);
 }

@@ -34,10 +34,11 @@ CommError rendezvous_error(const LaunchInfo& info, const std::string& msg);
 
 // The job key of this process (runtime/auth.h), from the secret file the
 // options or RONDE_JOB_SECRET_FILE name; nullopt when neither does. The
-// file is read once per process (and removed when `remove` says it is this
-// process's own copy); a bad file throws CommError of kind Rendezvous.
+// file is read once per process (a later init() may find it gone: ronderun
+// hands ranks on other hosts /dev/fd/3, a file already removed); a bad file
+// throws CommError of kind Rendezvous.
 std::optional<Key32> load_job_key(
-    const LaunchInfo& info, const std::string& secret_file, bool remove);
+    const LaunchInfo& info, const std::string& secret_file);
 
 // Connects to (rank 0: hosts) the store and checks that the store belongs to
 // this job and that no other process claimed this rank. With a job key,

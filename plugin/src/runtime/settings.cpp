@@ -103,7 +103,6 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_SHM_CHUNK_BYTES",
       "RONDE_SHM_SPLIT_BYTES",
       "RONDE_JOB_SECRET_FILE",
-      "RONDE_JOB_SECRET_FILE_REMOVE",
       "RONDE_CHECKPOINT_KEY_FILE",
   };
   return names;
@@ -166,8 +165,6 @@ Settings read_settings(const EnvLookup& env) {
   if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
     s.shm_split_bytes = *split;
   s.job_secret_file = text(env, "RONDE_JOB_SECRET_FILE");
-  s.job_secret_file_remove =
-      flag(env, "RONDE_JOB_SECRET_FILE_REMOVE").value_or(false);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   return s;
 }

@@ -64,9 +64,6 @@ struct Settings {
   // RONDE_JOB_SECRET_FILE: the job secret (docs/security.md); empty: the
   // job is not authenticated.
   std::string job_secret_file;
-  // RONDE_JOB_SECRET_FILE_REMOVE=1: that file is this rank's own copy
-  // (ronderun's, on another host): removed once read.
-  bool job_secret_file_remove = false;
   // RONDE_CHECKPOINT_KEY_FILE: the default key of every Checkpointer.
   std::string checkpoint_key_file;
 };
