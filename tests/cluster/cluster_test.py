@@ -11,14 +11,15 @@ iproute2).
     cluster_test.py --worker W --ronderun R --python P CASE
 """
 import argparse
-import glob
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -209,19 +210,27 @@ def ronderun_argv(args, c, spec, extra, scenario):
 def case_ronderun(args, hosts, per_host, tag):
     """Multi-host ronderun, run from host 0, starting ranks through the
     netns template."""
-    before = set(glob.glob("/tmp/tmp.*")) | set(glob.glob("/tmp/ronderun-*"))
-    with Cluster(hosts, tag) as c:
-        spec = ",".join(f"{c.addr(h)}:{per_host}" for h in range(hosts))
-        argv = ronderun_argv(args, c, spec, [], ["collectives"])
-        proc = c.start(0, argv, base_env())
-        codes, outputs, timed_out = wait_all([proc], 180)
+    # ronderun's private directory and the other hosts' mktemp copies go
+    # to TMPDIR: one of this test's own, which other jobs do not share.
+    private = tempfile.mkdtemp(prefix="ronde-cluster-")
+    try:
+        env = base_env()
+        env["TMPDIR"] = private
+        with Cluster(hosts, tag) as c:
+            spec = ",".join(f"{c.addr(h)}:{per_host}" for h in range(hosts))
+            argv = ronderun_argv(args, c, spec, [], ["collectives"])
+            proc = c.start(0, argv, env)
+            codes, outputs, timed_out = wait_all([proc], 180)
+        left = os.listdir(private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     check(not timed_out and codes == [0], f"ronderun exited {codes}", outputs)
     # ronderun's secret authenticated the job on every host; the copies it
     # gave the other hosts' ranks, and its own, are gone.
     check("not authenticated" not in outputs[0],
           "a job under ronderun warned that it is unauthenticated", outputs)
-    left = (set(glob.glob("/tmp/tmp.*")) | set(glob.glob("/tmp/ronderun-*"))) - before
-    check(not left, f"secret files left behind: {sorted(left)}", outputs)
+    check(not left, f"secret files left behind in TMPDIR: {sorted(left)}",
+          outputs)
     for r in range(hosts * per_host):
         check(f"[{r}] HOST_BACKEND: {backend_for(hosts, per_host)}" in outputs[0],
               f"rank {r}'s output is not prefixed [{r}]", outputs)
