@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace ronde::detail {
 namespace {
@@ -210,9 +211,13 @@ TEST(SignedStore, AForgedFailureNoticeLeavesItsRankASuspect) {
   SignedStore(p.stranger->clone(), k, 1)
       .set(job_key(info, "failed/1"), std::vector<uint8_t>{1});
   p.stranger->set(job_key(info, "failed/2"), std::vector<uint8_t>{1});
-  testing::internal::CaptureStderr();
+  // std::cerr's buffer, not its file descriptor: gtest's fd capture would
+  // close descriptors the store's server thread is reusing.
+  std::stringstream captured;
+  std::streambuf* was = std::cerr.rdbuf(captured.rdbuf());
   auto failed = failed_peers(mine, info, std::chrono::milliseconds(300));
-  const std::string err = testing::internal::GetCapturedStderr();
+  std::cerr.rdbuf(was);
+  const std::string err = captured.str();
   EXPECT_EQ(failed, std::vector<int>{2});
   EXPECT_NE(err.find("ignoring a failure notice"), std::string::npos) << err;
   EXPECT_NE(err.find("failed/2"), std::string::npos) << err;
