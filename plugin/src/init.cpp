@@ -108,21 +108,15 @@ std::unique_ptr<World> connect(
     check_reachable(peers, info);
     for (const auto& p : peers)
       config.hosts.push_back(p.host);
-    if (info.rank == 0 && !job_key) {
-      const std::string first = config.hosts.front();
-      for (const auto& h : config.hosts) {
-        if (h == first)
-          continue;
-        std::cerr << "ronde: warning: job '" << info.job_id
-                  << "' spans hosts and is not authenticated: any process "
-                     "that reaches the rendezvous store at "
-                  << info.addr << ":" << info.port
-                  << " can write values the ranks trust. Give the ranks a "
-                     "job secret (RONDE_JOB_SECRET_FILE; ronderun makes "
-                     "one): see docs/security.md"
-                  << std::endl;
-        break;
-      }
+    if (info.rank == 0 && !job_key && spans_hosts(peers)) {
+      std::cerr << "ronde: warning: job '" << info.job_id
+                << "' spans hosts and is not authenticated: any process "
+                   "that reaches the rendezvous store at "
+                << info.addr << ":" << info.port
+                << " can write values the ranks trust. Give the ranks a "
+                   "job secret (RONDE_JOB_SECRET_FILE; ronderun makes one): "
+                   "see docs/security.md"
+                << std::endl;
     }
     config.hostname = mine.address.address;
     // Where this rank sits is what the host identities show; a launcher

@@ -57,6 +57,8 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr const char* kDefaultHost = "127.0.0.1";
 constexpr const char* kGraceEnv = "RONDE_KILL_GRACE_SECONDS";
 constexpr const char* kSecretFileEnv = "RONDE_JOB_SECRET_FILE";
+// The largest secret ronderun hands on, as the ranks accept (runtime/auth).
+constexpr size_t kMaxSecretBytes = 4096;
 
 constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
 
@@ -772,6 +774,22 @@ bool read_urandom(unsigned char* bytes, size_t n) {
   return got == n;
 }
 
+// Writes all `n` bytes; false on an error.
+bool write_fully(int fd, const char* data, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = write(fd, data + done, n - done);
+    if (w < 0 && errno == EINTR) {
+      continue;
+    }
+    if (w <= 0) {
+      return false;
+    }
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
 std::string hex_text(const unsigned char* bytes, size_t n) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;
@@ -829,20 +847,27 @@ bool Launcher::prepare_secret() {
           "': " + strerror(errno));
       return false;
     }
-    char buf[4096];
+    // A secret is a few dozen bytes; more would not fit the pipe that
+    // carries it to each remote rank (start_rank) without a reader.
+    char buf[kMaxSecretBytes + 1];
+    size_t got = 0;
     for (;;) {
-      const ssize_t n = read(fd, buf, sizeof(buf));
+      const ssize_t n = read(fd, buf + got, sizeof(buf) - got);
       if (n < 0 && errno == EINTR) {
         continue;
       }
-      if (n <= 0) {
-        break;
-      }
-      secret_.append(buf, static_cast<size_t>(n));
-      if (secret_.size() > 65536) {
+      if (n <= 0 || (got += static_cast<size_t>(n)) == sizeof(buf)) {
         break;
       }
     }
+    if (got > kMaxSecretBytes) {
+      close_fd(fd);
+      message(
+          std::string(kSecretFileEnv) + " '" + given + "' is larger than " +
+          std::to_string(kMaxSecretBytes) + " bytes: not a secret");
+      return false;
+    }
+    secret_.assign(buf, got);
     close_fd(fd);
     return true;
   }
@@ -873,16 +898,7 @@ bool Launcher::prepare_secret() {
         O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
         0600);
   } while (fd < 0 && errno == EINTR);
-  bool ok = fd >= 0;
-  size_t done = 0;
-  while (ok && done < secret_.size()) {
-    const ssize_t n = write(fd, secret_.data() + done, secret_.size() - done);
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    ok = n > 0;
-    done += n > 0 ? static_cast<size_t>(n) : 0;
-  }
+  bool ok = fd >= 0 && write_fully(fd, secret_.data(), secret_.size());
   if (fd >= 0) {
     ok = close(fd) == 0 && ok;
   }
@@ -1300,19 +1316,9 @@ bool Launcher::start_rank(Rank& rank) {
   close_fd(err_pipe[1]);
   close_fd(secret_pipe[0]);
   if (ok && secret_pipe[1] >= 0) {
-    // A few dozen bytes: the pipe holds them without a reader.
-    size_t done = 0;
-    while (done < secret_.size()) {
-      const ssize_t n =
-          write(secret_pipe[1], secret_.data() + done, secret_.size() - done);
-      if (n < 0 && errno == EINTR) {
-        continue;
-      }
-      if (n <= 0) {
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
+    // At most kMaxSecretBytes: the pipe holds them without a reader. A
+    // short write leaves the rank a wrong secret, which it is refused for.
+    (void)write_fully(secret_pipe[1], secret_.data(), secret_.size());
   }
   close_fd(secret_pipe[1]);
   if (!ok) {

@@ -25,9 +25,9 @@
 #include <thread>
 
 // A kill in the middle of a checkpoint write, for the fault tests. With
-// RONDE_TEST_KILL_WRITING=NAME in the environment, the first write(2) to a
-// file whose name ends with NAME (the whole checkpoint file, header and
-// payload) writes half its bytes and then the process dies by SIGKILL. This
+// RONDE_TEST_KILL_WRITING=NAME in the environment, the second write(2) to a
+// file whose name ends with NAME (the checkpoint's payload, after its
+// header) writes half its bytes and then the process dies by SIGKILL. This
 // definition replaces libc's write for libronde too (the executable comes
 // first in the symbol lookup); unarmed, it only forwards.
 extern "C" ssize_t write(int fd, const void* buf, size_t n) {
@@ -43,7 +43,7 @@ extern "C" ssize_t write(int fd, const void* buf, size_t n) {
     if (len >= static_cast<ssize_t>(want) &&
         std::memcmp(target + len - want, armed, want) == 0) {
       static int writes = 0;
-      if (++writes == 1) {
+      if (++writes == 2) {
         real(fd, buf, n / 2);
         static const char msg[] = "worker: killed while writing a checkpoint\n";
         real(2, msg, sizeof msg - 1);

@@ -240,23 +240,13 @@ def test_single_process_without_launcher():
 
 def sync_bn_reference(size, steps=3, offset=0):
     """One torch.nn.BatchNorm2d on every rank's rows at once."""
-    from worker import make_sync_bn_params, sync_bn_data
+    from worker import make_sync_bn_params, sync_bn_data, sync_bn_steps
     bn = torch.nn.BatchNorm2d(3, momentum=0.2)
     weight, bias = make_sync_bn_params()
     with torch.no_grad():
         bn.weight.copy_(weight)
         bn.bias.copy_(bias)
-    out = []
-    for step in range(steps):
-        sizes, x, w = sync_bn_data(step, size, offset)
-        x = x.clone().requires_grad_()
-        y = bn(x)
-        (y * w).sum().backward()
-        out.append({"sizes": sizes, "y": y.detach(), "dx": x.grad,
-                    "dweight": bn.weight.grad.clone(),
-                    "dbias": bn.bias.grad.clone()})
-        bn.weight.grad = None
-        bn.bias.grad = None
+    out = sync_bn_steps(bn, steps, size, offset)
     bn.eval()
     _, x, _ = sync_bn_data(9, size)
     return out, bn, bn(x[:4]).detach()

@@ -273,6 +273,27 @@ def make_sync_bn_params():
     return torch.rand(3, generator=g) + 0.5, torch.randn(3, generator=g)
 
 
+def sync_bn_steps(bn, steps, size, offset=0, rank=None):
+    """The SyncBatchNorm check's training steps through `bn`, on rank
+    `rank`'s rows, or on every rank's rows (rank None: the single-process
+    reference): each step's output, input gradient and weight and bias
+    gradients."""
+    got = []
+    for step in range(steps):
+        sizes, x, w = sync_bn_data(step, size, offset)
+        lo, n = ((0, sum(sizes)) if rank is None
+                 else (sum(sizes[:rank]), sizes[rank]))
+        mine = x[lo:lo + n].clone().requires_grad_()
+        y = bn(mine)
+        (y * w[lo:lo + n]).sum().backward()
+        got.append({"sizes": sizes, "y": y.detach(), "dx": mine.grad,
+                    "dweight": bn.weight.grad.clone(),
+                    "dbias": bn.bias.grad.clone()})
+        bn.weight.grad = None
+        bn.bias.grad = None
+    return got
+
+
 def sync_bn(out, steps="3", sets="0"):
     """With sets=1 (4 ranks): ranks 0, 1 and ranks 2, 3 each normalise over
     their own set's rows only."""
@@ -287,19 +308,8 @@ def sync_bn(out, steps="3", sets="0"):
         bn.bias.copy_(bias)
     r = rt.rank() if ps is None else ps.rank()
     size = rt.size() if ps is None else ps.size()
-    got = []
-    for step in range(int(steps)):
-        sizes, x, w = sync_bn_data(step, size, offset=0 if ps is None
-                                   else 100 * (rt.rank() // 2))
-        lo = sum(sizes[:r])
-        mine = x[lo:lo + sizes[r]].clone().requires_grad_()
-        y = bn(mine)
-        (y * w[lo:lo + sizes[r]]).sum().backward()
-        got.append({"y": y.detach(), "dx": mine.grad,
-                    "dweight": bn.weight.grad.clone(),
-                    "dbias": bn.bias.grad.clone()})
-        bn.weight.grad = None
-        bn.bias.grad = None
+    offset = 0 if ps is None else 100 * (rt.rank() // 2)
+    got = sync_bn_steps(bn, int(steps), size, offset, rank=r)
     bn.eval()
     _, x, _ = sync_bn_data(9, size)
     y_eval = bn(x[:4])

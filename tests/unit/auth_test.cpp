@@ -264,19 +264,21 @@ TEST(Records, PeerAndProgressRecordsAreParsedStrictly) {
 TEST(CheckpointFile, PlainAndEncryptedRoundTrip) {
   const std::string payload = "the archive's bytes \x00\x01 and more";
   std::string why;
-  auto plain = decode_checkpoint(encode_checkpoint(7, payload, ""), 7, "", why);
+  auto plain =
+      decode_checkpoint(encode_checkpoint(7, payload, "").bytes(), 7, "", why);
   ASSERT_TRUE(plain) << why;
   EXPECT_EQ(*plain, payload);
   const std::string key(32, 'k');
-  const std::string a = encode_checkpoint(7, payload, key);
-  const std::string b = encode_checkpoint(7, payload, key);
+  const std::string a = encode_checkpoint(7, payload, key).bytes();
+  const std::string b = encode_checkpoint(7, payload, key).bytes();
   EXPECT_NE(a, b) << "a fresh nonce per file";
   EXPECT_EQ(a.find("the archive"), std::string::npos) << "not encrypted";
   auto opened = decode_checkpoint(a, 7, key, why);
   ASSERT_TRUE(opened) << why;
   EXPECT_EQ(*opened, payload);
   // Empty payloads too.
-  EXPECT_TRUE(decode_checkpoint(encode_checkpoint(1, "", key), 1, key, why));
+  EXPECT_TRUE(
+      decode_checkpoint(encode_checkpoint(1, "", key).bytes(), 1, key, why));
 }
 
 // The CRC-32 of `file` after the encrypted prefix, rewritten, as one who
@@ -300,14 +302,14 @@ void fix_crc(std::string& file) {
 TEST(CheckpointFile, EveryChangedByteAndAWrongKeyAreRefused) {
   const std::string payload(300, 'p');
   const std::string key(32, 'k');
-  const std::string file = encode_checkpoint(9, payload, key);
+  const std::string file = encode_checkpoint(9, payload, key).bytes();
   std::string why;
   EXPECT_FALSE(decode_checkpoint(file, 9, std::string(32, 'K'), why));
   EXPECT_NE(why.find("another key"), std::string::npos) << why;
   EXPECT_FALSE(decode_checkpoint(file, 9, "", why));
   EXPECT_NE(why.find("encrypted"), std::string::npos) << why;
-  EXPECT_FALSE(
-      decode_checkpoint(encode_checkpoint(9, payload, ""), 9, key, why));
+  EXPECT_FALSE(decode_checkpoint(
+      encode_checkpoint(9, payload, "").bytes(), 9, key, why));
   EXPECT_NE(why.find("not encrypted"), std::string::npos) << why;
   for (size_t i = 0; i < file.size(); ++i) {
     std::string bad = file;

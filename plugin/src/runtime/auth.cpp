@@ -22,8 +22,8 @@ constexpr char kSealMagic[3] = {'R', 'S', '1'};
 constexpr size_t kSealHeader = sizeof(kSealMagic) + 4 + 8;
 constexpr size_t kTagBytes = 32;
 // A secret or key file is a few dozen bytes; anything this big is a
-// mistake (a wrong path), not a key.
-constexpr size_t kMaxPrivateFileBytes = 64 * 1024;
+// mistake (a wrong path), not a key. ronderun hands on at most as much.
+constexpr size_t kMaxPrivateFileBytes = 4096;
 
 void put_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i)
@@ -105,7 +105,7 @@ std::string read_private_file(
     bytes.append(buf, static_cast<size_t>(n));
     if (bytes.size() > kMaxPrivateFileBytes) {
       ::close(fd);
-      throw fail("is larger than 64 KiB: not a key");
+      throw fail("is larger than 4096 bytes: not a key");
     }
   }
   ::close(fd);

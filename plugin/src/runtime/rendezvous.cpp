@@ -320,11 +320,16 @@ std::vector<PeerInfo> exchange_peers(
   return peers;
 }
 
+bool spans_hosts(const std::vector<PeerInfo>& peers) {
+  for (const auto& p : peers) {
+    if (p.host != peers.front().host)
+      return true;
+  }
+  return false;
+}
+
 void check_reachable(const std::vector<PeerInfo>& peers, const LaunchInfo& info) {
-  bool one_host = true;
-  for (const auto& p : peers)
-    one_host = one_host && p.host == peers.front().host;
-  if (one_host)
+  if (!spans_hosts(peers))
     return;
   std::string bad;
   for (size_t r = 0; r < peers.size(); ++r) {

@@ -81,6 +81,9 @@ std::vector<PeerInfo> exchange_peers(
     const PeerInfo& mine,
     std::chrono::milliseconds timeout);
 
+// Whether the ranks are on more than one host.
+bool spans_hosts(const std::vector<PeerInfo>& peers);
+
 // Fails (the same CommError on every rank) when the job spans hosts and a
 // rank advertises a loopback address, which the other hosts cannot reach:
 // the message names every such rank, where its address came from, and the

@@ -109,12 +109,12 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-// Writes the file bytes of checkpoint `step` durably: temporary file (its
-// owner's only when encrypted), fsync, rename, fsync of the directory.
+// Writes checkpoint `step`'s file durably: temporary file (its owner's only
+// when encrypted), fsync, rename, fsync of the directory.
 void write_checkpoint(
     const std::string& dir,
     int64_t step,
-    const std::string& file,
+    const detail::CheckpointFile& file,
     bool encrypted) {
   make_dirs(dir);
   const std::string final_path = dir + "/" + file_name(step);
@@ -125,7 +125,8 @@ void write_checkpoint(
       encrypted ? 0600 : 0644);
   TORCH_CHECK(fd >= 0, "cannot create '", tmp_path, "': ", errno_text());
   try {
-    write_all(fd, file.data(), file.size(), tmp_path);
+    write_all(fd, file.head.data(), file.head.size(), tmp_path);
+    write_all(fd, file.body.data(), file.body.size(), tmp_path);
     TORCH_CHECK(
         ::fsync(fd) == 0, "cannot flush '", tmp_path, "': ", errno_text());
   } catch (...) {
@@ -162,6 +163,9 @@ std::optional<std::string> read_checkpoint(
   }
   std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
   std::string file;
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) == 0 && st.st_size > 0)
+    file.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0)
@@ -170,7 +174,7 @@ std::optional<std::string> read_checkpoint(
     why = "cannot read it: " + errno_text();
     return std::nullopt;
   }
-  return detail::decode_checkpoint(file, expected_step, key, why);
+  return detail::decode_checkpoint(std::move(file), expected_step, key, why);
 }
 
 // Rank 0's verdict, broadcast to every rank: "" when all went well.
@@ -467,7 +471,10 @@ void Checkpointer::save(int64_t step) {
       });
       const std::string& k = key();
       write_checkpoint(
-          dir_, step, detail::encode_checkpoint(step, payload, k), !k.empty());
+          dir_,
+          step,
+          detail::encode_checkpoint(step, std::move(payload), k),
+          !k.empty());
       // Only now that the new one is durable: drop the oldest, and any
       // temporary file a killed writer left behind.
       auto paths = list();

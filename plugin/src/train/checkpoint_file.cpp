@@ -66,25 +66,59 @@ CipherCtx new_ctx() {
   return ctx;
 }
 
-// EVP takes int lengths: process in pieces.
-template <typename Update>
-bool in_pieces(const char* in, size_t n, char* out, Update update) {
-  while (n > 0) {
-    const int part = static_cast<int>(std::min<size_t>(n, 1u << 30));
-    int len = 0;
-    if (!update(
-            reinterpret_cast<unsigned char*>(out),
-            &len,
-            reinterpret_cast<const unsigned char*>(in),
-            part) ||
+// AES-256-GCM over `data` in place (GCM allows it), with `aad` as
+// associated data: encrypting writes the tag, decrypting checks it. False
+// when OpenSSL fails or, decrypting, the tag does not verify.
+bool gcm_in_place(
+    bool encrypt,
+    const std::string& key,
+    const char* nonce,
+    const std::string& aad,
+    char* data,
+    size_t n,
+    char* tag) {
+  auto ctx = new_ctx();
+  auto* c = ctx.get();
+  const int enc = encrypt ? 1 : 0;
+  auto* bytes = reinterpret_cast<unsigned char*>(data);
+  int len = 0;
+  if (EVP_CipherInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr, enc) !=
+          1 ||
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, kNonceBytes, nullptr) !=
+          1 ||
+      EVP_CipherInit_ex(
+          c,
+          nullptr,
+          nullptr,
+          reinterpret_cast<const unsigned char*>(key.data()),
+          reinterpret_cast<const unsigned char*>(nonce),
+          enc) != 1 ||
+      EVP_CipherUpdate(
+          c,
+          nullptr,
+          &len,
+          reinterpret_cast<const unsigned char*>(aad.data()),
+          static_cast<int>(aad.size())) != 1) {
+    return false;
+  }
+  // EVP takes int lengths: in pieces.
+  for (size_t done = 0; done < n;) {
+    const int part = static_cast<int>(std::min<size_t>(n - done, 1u << 30));
+    if (EVP_CipherUpdate(c, bytes + done, &len, bytes + done, part) != 1 ||
         len != part) {
       return false;
     }
-    in += part;
-    out += part;
-    n -= static_cast<size_t>(part);
+    done += static_cast<size_t>(part);
   }
-  return true;
+  if (!encrypt &&
+      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, tag) != 1) {
+    return false;
+  }
+  unsigned char fin[32];
+  if (EVP_CipherFinal_ex(c, fin, &len) != 1)
+    return false;
+  return !encrypt ||
+         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, kTagBytes, tag) == 1;
 }
 
 }  // namespace
@@ -104,16 +138,17 @@ std::string read_checkpoint_key(const std::string& path) {
       "rand -hex 32)");
 }
 
-std::string encode_checkpoint(
-    int64_t step, const std::string& payload, const std::string& key) {
+CheckpointFile encode_checkpoint(
+    int64_t step, std::string payload, const std::string& key) {
   Header h{};
   h.step = static_cast<uint64_t>(step);
   h.size = payload.size();
+  CheckpointFile out;
   if (key.empty()) {
     std::memcpy(h.magic, kPlainMagic, sizeof h.magic);
     h.crc32 = crc_of(payload.data(), payload.size());
-    std::string out(reinterpret_cast<const char*>(&h), sizeof h);
-    out += payload;
+    out.head.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    out.body = std::move(payload);
     return out;
   }
   if (key.size() != 32)
@@ -121,54 +156,31 @@ std::string encode_checkpoint(
   std::memcpy(h.magic, kSealedMagic, sizeof h.magic);
   h.cipher = kAes256Gcm;
   const std::string nonce = random_bytes(kNonceBytes);
-  std::string out(kSealedPrefix + payload.size(), '\0');
-  std::memcpy(out.data() + sizeof h, key_id(key).data(), kKeyIdBytes);
-  std::memcpy(out.data() + sizeof h + kKeyIdBytes, nonce.data(), kNonceBytes);
-  const std::string aad = associated_data(h, out);
-  char* cipher_text = out.data() + kSealedPrefix;
-  auto ctx = new_ctx();
-  auto* c = ctx.get();
-  int len = 0;
-  unsigned char fin[32];
-  bool ok =
-      EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr) &&
-      EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, kNonceBytes, nullptr) &&
-      EVP_EncryptInit_ex(
-          c,
-          nullptr,
-          nullptr,
-          reinterpret_cast<const unsigned char*>(key.data()),
-          reinterpret_cast<const unsigned char*>(nonce.data())) &&
-      EVP_EncryptUpdate(
-          c,
-          nullptr,
-          &len,
-          reinterpret_cast<const unsigned char*>(aad.data()),
-          static_cast<int>(aad.size())) &&
-      in_pieces(
-          payload.data(),
-          payload.size(),
-          cipher_text,
-          [c](unsigned char* o, int* l, const unsigned char* i, int n) {
-            return EVP_EncryptUpdate(c, o, l, i, n) == 1;
-          }) &&
-      EVP_EncryptFinal_ex(c, fin, &len) &&
-      EVP_CIPHER_CTX_ctrl(
-          c,
-          EVP_CTRL_GCM_GET_TAG,
-          kTagBytes,
-          out.data() + sizeof h + kKeyIdBytes + kNonceBytes);
+  out.head.assign(kSealedPrefix, '\0');
+  std::memcpy(out.head.data() + sizeof h, key_id(key).data(), kKeyIdBytes);
+  std::memcpy(
+      out.head.data() + sizeof h + kKeyIdBytes, nonce.data(), kNonceBytes);
+  // The payload's own buffer becomes the ciphertext.
+  out.body = std::move(payload);
+  if (!gcm_in_place(
+          /*encrypt=*/true,
+          key,
+          nonce.data(),
+          associated_data(h, out.head),
+          out.body.data(),
+          out.body.size(),
+          out.head.data() + sizeof h + kKeyIdBytes + kNonceBytes)) {
+    throw std::runtime_error("OpenSSL: AES-256-GCM encryption failed");
+  }
   // The CRC covers the ciphertext: a torn file is told apart from a
   // changed one before any decryption.
-  h.crc32 = ok ? crc_of(cipher_text, payload.size()) : 0;
-  std::memcpy(out.data(), &h, sizeof h);
-  if (!ok)
-    throw std::runtime_error("OpenSSL: AES-256-GCM encryption failed");
+  h.crc32 = crc_of(out.body.data(), out.body.size());
+  std::memcpy(out.head.data(), &h, sizeof h);
   return out;
 }
 
 std::optional<std::string> decode_checkpoint(
-    const std::string& file,
+    std::string file,
     int64_t expected_step,
     const std::string& key,
     std::string& why) {
@@ -214,7 +226,8 @@ std::optional<std::string> decode_checkpoint(
           "could have written it)";
       return std::nullopt;
     }
-    return file.substr(prefix);
+    file.erase(0, prefix);
+    return file;
   }
   if (key.empty()) {
     why =
@@ -231,52 +244,30 @@ std::optional<std::string> decode_checkpoint(
     why = "refused: encrypted with another key";
     return std::nullopt;
   }
-  std::string payload(body, '\0');
+  std::string tag =
+      file.substr(sizeof h + kKeyIdBytes + kNonceBytes, kTagBytes);
+  bool ok = false;
   try {
-    auto ctx = new_ctx();
-    auto* c = ctx.get();
-    const auto* nonce = reinterpret_cast<const unsigned char*>(
-        file.data() + sizeof h + kKeyIdBytes);
-    std::string tag =
-        file.substr(sizeof h + kKeyIdBytes + kNonceBytes, kTagBytes);
-    const std::string aad = associated_data(h, file);
-    int len = 0;
-    unsigned char fin[32];
-    bool ok =
-        EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), nullptr, nullptr, nullptr) &&
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, kNonceBytes, nullptr) &&
-        EVP_DecryptInit_ex(
-            c,
-            nullptr,
-            nullptr,
-            reinterpret_cast<const unsigned char*>(key.data()),
-            nonce) &&
-        EVP_DecryptUpdate(
-            c,
-            nullptr,
-            &len,
-            reinterpret_cast<const unsigned char*>(aad.data()),
-            static_cast<int>(aad.size())) &&
-        in_pieces(
-            file.data() + prefix,
-            body,
-            payload.data(),
-            [c](unsigned char* o, int* l, const unsigned char* i, int n) {
-              return EVP_DecryptUpdate(c, o, l, i, n) == 1;
-            }) &&
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, kTagBytes, tag.data()) &&
-        EVP_DecryptFinal_ex(c, fin, &len) == 1;
-    if (!ok) {
-      why =
-          "refused: its authentication tag does not verify (bytes changed "
-          "since it was written)";
-      return std::nullopt;
-    }
+    ok = gcm_in_place(
+        /*encrypt=*/false,
+        key,
+        file.data() + sizeof h + kKeyIdBytes,
+        associated_data(h, file),
+        file.data() + prefix,
+        body,
+        tag.data());
   } catch (const std::exception& e) {
     why = e.what();
     return std::nullopt;
   }
-  return payload;
+  if (!ok) {
+    why =
+        "refused: its authentication tag does not verify (bytes changed "
+        "since it was written)";
+    return std::nullopt;
+  }
+  file.erase(0, prefix);
+  return file;
 }
 
 }  // namespace ronde::detail

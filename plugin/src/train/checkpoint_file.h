@@ -22,17 +22,28 @@ namespace ronde::detail {
 // -hex 32), private to its owner. Throws std::runtime_error naming the file.
 std::string read_checkpoint_key(const std::string& path);
 
+// A checkpoint file as written: `head` then `body`, the payload itself or
+// its ciphertext, so that a payload of gigabytes is never copied.
+struct CheckpointFile {
+  std::string head, body;
+  std::string bytes() const {
+    return head + body;
+  }
+};
+
 // The file for `payload` as checkpoint `step`: encrypted under `key` (32
-// bytes, with a fresh random nonce) unless `key` is empty.
-std::string encode_checkpoint(
-    int64_t step, const std::string& payload, const std::string& key);
+// bytes, with a fresh random nonce, in the payload's own buffer) unless
+// `key` is empty.
+CheckpointFile encode_checkpoint(
+    int64_t step, std::string payload, const std::string& key);
 
 // The payload of a checkpoint file's bytes, or nullopt with `why` set
 // (torn, corrupt, another step, encrypted with another key, changed bytes,
 // not encrypted though a key is given, ...). A key given refuses a plain
-// file: anyone could have written it. Never throws on any bytes.
+// file: anyone could have written it. Never throws on any bytes. The
+// payload is `file`'s own buffer, decrypted in place.
 std::optional<std::string> decode_checkpoint(
-    const std::string& file,
+    std::string file,
     int64_t expected_step,
     const std::string& key,
     std::string& why);

@@ -16,7 +16,8 @@ namespace {
 
 std::atomic<int64_t> g_next_name{0};
 
-// The set a saved id names; the global set is 0.
+// The set a saved id names (backward: saved data holds no ProcessSet); the
+// global set is 0.
 ProcessSet set_of(int64_t id) {
   if (id == 0)
     return global_process_set();
@@ -43,9 +44,8 @@ struct SyncBatchNormFunction
       torch::Tensor running_var,
       double eps,
       double momentum,
-      int64_t set_id,
+      const ProcessSet& set,
       const std::string& name) {
-    const ProcessSet set = set_of(set_id);
     const int64_t channels = input.size(1);
     std::vector<int64_t> dims{0};
     for (int64_t d = 2; d < input.dim(); ++d)
@@ -100,7 +100,7 @@ struct SyncBatchNormFunction
       y = y + bias.to(x.options()).view(shape);
     ctx->save_for_backward({xhat, weight, invstd});
     ctx->saved_data["total"] = total;
-    ctx->saved_data["set"] = set_id;
+    ctx->saved_data["set"] = static_cast<int64_t>(set.id());
     ctx->saved_data["name"] = name;
     ctx->saved_data["bias"] = bias.defined();
     ctx->saved_data["shape"] = shape;
@@ -192,8 +192,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
       factor = 1.0 / num_batches_tracked.item<double>();
   }
   const bool synced =
-      is_training() && is_initialized() &&
-      (process_set_.is_global() ? size() > 1 : process_set_.size() > 1);
+      is_training() && is_initialized() && process_set_.size() > 1;
   if (!synced) {
     // As BatchNorm: batch statistics when training or untracked.
     return torch::nn::functional::detail::batch_norm(
@@ -215,7 +214,7 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
       track ? running_var : torch::Tensor(),
       options.eps(),
       factor,
-      static_cast<int64_t>(process_set_.id()),
+      process_set_,
       name_);
 }
 

@@ -157,8 +157,8 @@ def _grouped(tensors, op, name, prescale, postscale, process_set, out):
                             f"{type(t).__name__}, not a torch.Tensor")
         groups.setdefault((t.dtype, t.device), []).append(i)
     results = [None] * len(tensors)
-    for g, (key, idx) in enumerate(sorted(groups.items(),
-                                          key=lambda kv: kv[1][0])):
+    # In order of each group's first tensor (dicts keep insertion order).
+    for g, idx in enumerate(groups.values()):
         flat = _torch.cat([tensors[i].detach().reshape(-1) for i in idx])
         label = (name or "grouped_allreduce") + (f".{g}" if g else "")
         _C.allreduce_(flat, op, prescale, postscale, label, process_set)
