@@ -37,7 +37,7 @@ struct InitOptions {
   // rendezvous and every value they trust from the store (docs/security.md).
   // Empty: RONDE_JOB_SECRET_FILE, which ronderun sets for its ranks; with
   // neither, the job is not authenticated. Private to its owner (mode 0600),
-  // at least 16 bytes.
+  // 16 to 4096 bytes.
   TORCH_ARG(std::string, job_secret_file) = "";
 };
 
