@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -271,6 +272,13 @@ TEST(Examples, FashionMnistTrainsTheSameModelOnOneTwoAndFourRanks) {
     EXPECT_GE(field(steps[1], "comm_wait_share"), 0);
     EXPECT_LE(field(steps[1], "comm_wait_share"), 1);
     EXPECT_EQ(field(steps[3], "eta_seconds"), 0);
+    // The processes' resources, averaged and maxed over ranks.
+    EXPECT_GT(field(steps[1], "cpu_percent"), 0);
+    EXPECT_GE(
+        field(steps[1], "cpu_percent_max"), field(steps[1], "cpu_percent"));
+    EXPECT_GT(field(steps[1], "rss_mb"), 50);  // LibTorch alone takes more
+    EXPECT_GE(field(steps[1], "rss_mb_max"), field(steps[1], "rss_mb"));
+    EXPECT_GE(field(steps[1], "peak_rss_mb"), field(steps[1], "rss_mb_max"));
     auto epochs = lines_of(dir + "/m" + std::to_string(np) + ".jsonl", "epoch");
     ASSERT_EQ(epochs.size(), 1u);
     epoch[np] = epochs[0];
@@ -292,6 +300,29 @@ TEST(Examples, FashionMnistTrainsTheSameModelOnOneTwoAndFourRanks) {
   }
   // And it learned: 2048 samples take it well past chance.
   EXPECT_GT(field(epoch[1], "val_acc"), 50);
+
+  // python -m ronde.plot draws these real files: one line per run.
+  const std::string figures = dir + "/figures";
+  const std::string command = "PYTHONPATH='" RONDE_PYTHON_PACKAGE_DIR
+                              "' '" RONDE_PYTHON "' -m ronde.plot --out '" +
+                              figures + "' '" + dir + "/m1.jsonl' '" + dir +
+                              "/m2.jsonl' '" + dir + "/m4.jsonl' > '" + dir +
+                              "/plot.log' 2>&1";
+  if (std::system(("'" RONDE_PYTHON "' -c 'import matplotlib' 2>/dev/null")) !=
+      0) {
+    GTEST_SKIP() << "no matplotlib for " RONDE_PYTHON;
+  }
+  ASSERT_EQ(std::system(command.c_str()), 0)
+      << std::ifstream(dir + "/plot.log").rdbuf();
+  for (const char* png :
+       {"loss.png", "throughput.png", "resources.png", "scaling.png"}) {
+    std::ifstream f(figures + "/" + png, std::ios::binary);
+    std::string head(8, '\0');
+    ASSERT_TRUE(f.read(&head[0], 8)) << png << " was not written";
+    EXPECT_EQ(head, "\x89PNG\r\n\x1a\n") << png;
+    f.seekg(0, std::ios::end);
+    EXPECT_GT(f.tellg(), 10000) << png;  // a drawn figure, not an empty one
+  }
 }
 
 TEST(Examples, FashionMnistWithSyncBatchNormTrainsTheOneProcessModel) {

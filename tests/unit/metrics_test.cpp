@@ -196,3 +196,68 @@ TEST(TrainingMonitor, AResumedEpochCountsFromWhereItStopped) {
 }
 
 }  // namespace
+
+namespace {
+
+// A field of /proc/self/status in MiB ("VmRSS", "VmHWM").
+double proc_status_mb(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(field + ":", 0) == 0)
+      return std::stod(line.substr(field.size() + 1)) / 1024.0;
+  }
+  return -1;
+}
+
+TEST(TrainingMonitor, ResourceFiguresMatchTheProcess) {
+  std::ostringstream out;
+  auto json = temp_path("resources.jsonl");
+  ronde::TrainingMonitor m(
+      ronde::MonitorOptions().log_every(2).metrics_out(json), out);
+  m.start_epoch();
+  // A busy window, then an idle one.
+  auto spin = [] {
+    auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(80);
+    volatile double x = 0;
+    while (std::chrono::steady_clock::now() < until)
+      x = x + 1;
+  };
+  spin();
+  m.step(1, 8);
+  spin();
+  m.step(1, 8);
+  const double rss_before = proc_status_mb("VmRSS");
+  const ronde::ResourceStats busy = m.last_progress().resources;
+  const double rss_after = proc_status_mb("VmRSS");
+  const double hwm = proc_status_mb("VmHWM");
+  EXPECT_GT(busy.cpu_percent, 60);
+  EXPECT_LT(busy.cpu_percent, 150);  // one thread spinning
+  EXPECT_DOUBLE_EQ(busy.cpu_percent_max, busy.cpu_percent);  // one rank
+  EXPECT_GT(busy.rss_mb, 1);
+  EXPECT_GE(busy.rss_mb, std::min(rss_before, rss_after) - 4);
+  EXPECT_LE(busy.rss_mb, std::max(rss_before, rss_after) + 4);
+  EXPECT_GE(busy.peak_rss_mb, busy.rss_mb - 1);
+  EXPECT_LE(busy.peak_rss_mb, hwm + 1);
+  EXPECT_FALSE(busy.cuda);
+  for (int i = 0; i < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    m.step(1, 8);
+  }
+  EXPECT_LT(m.last_progress().resources.cpu_percent, 40);
+  const auto e = m.end_epoch();
+  EXPECT_GT(e.resources.cpu_percent, 20);  // half the epoch was busy
+  EXPECT_LT(e.resources.cpu_percent, 90);
+  EXPECT_NE(out.str().find("  cpu "), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find(" MiB (peak "), std::string::npos) << out.str();
+  auto lines = read_lines(json);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& l : lines) {
+    EXPECT_NE(l.find("\"rss_mb\":"), std::string::npos) << l;
+    EXPECT_NE(l.find("\"peak_rss_mb\":"), std::string::npos) << l;
+    EXPECT_NE(l.find("\"cpu_percent_max\":"), std::string::npos) << l;
+  }
+  std::remove(json.c_str());
+}
+
+}  // namespace

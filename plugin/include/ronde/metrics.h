@@ -37,6 +37,28 @@ struct MonitorOptions {
   TORCH_ARG(bool, reduce_over_ranks) = true;
 };
 
+// What the processes take of their machines: the mean over ranks and the
+// largest rank's figure (with reduce_over_ranks; else this rank's, twice).
+struct ResourceStats {
+  // Process CPU time over wall time since the last line (or the epoch's
+  // start), in percent of one core: 250 is two and a half cores busy.
+  double cpu_percent = 0;
+  double cpu_percent_max = 0;
+  // Resident memory now, and the most it has been since the process began
+  // (the max over ranks), in MiB.
+  double rss_mb = 0;
+  double rss_mb_max = 0;
+  double peak_rss_mb = 0;
+  // The caching allocator of the process's current CUDA device: memory in
+  // tensors, and memory it holds from the driver, in MiB. Set only in a
+  // process that has used CUDA.
+  bool cuda = false;
+  double cuda_allocated_mb = 0;
+  double cuda_allocated_mb_max = 0;
+  double cuda_reserved_mb = 0;
+  double cuda_reserved_mb_max = 0;
+};
+
 // Figures over the steps since the last progress line.
 struct StepStats {
   int64_t epoch = 0;  // 1-based
@@ -49,6 +71,7 @@ struct StepStats {
   // backward: communication the backward pass did not hide.
   double comm_wait_share = 0;
   double eta_seconds = -1;  // -1: unknown
+  ResourceStats resources;
 };
 
 struct EpochStats {
@@ -58,6 +81,7 @@ struct EpochStats {
   double train_loss = 0;
   double samples_per_s = 0;
   double comm_wait_share = 0;
+  ResourceStats resources;  // over the epoch's steps
   // What the caller measured after the epoch (validation loss, accuracy),
   // already global.
   std::vector<std::pair<std::string, double>> metrics;
@@ -108,19 +132,29 @@ class TrainingMonitor {
   static std::string format_duration(double seconds);
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Window {
     double loss_sum = 0;
     int64_t steps = 0;
     int64_t samples = 0;
     double wait_seconds = 0;
     double seconds = 0;
+    // The process's CPU seconds and the wall clock when the window began.
+    double cpu_start = 0;
+    Clock::time_point wall_start;
   };
-  // Sums `w` over ranks when reduce_over_ranks (loss, wait and time are
-  // averaged, samples summed); returns the per-step averages in `w`.
-  Window reduce(const Window& w) const;
+  struct Reduced {
+    Window window;
+    ResourceStats resources;
+  };
+  // Combines `w` and this process's resource figures over ranks when
+  // reduce_over_ranks (loss, wait and time averaged, samples summed,
+  // resources averaged and maxed): one small allgather.
+  Reduced reduce(const Window& w) const;
+  // Starts `w` now.
+  static void open(Window& w);
   void emit(const std::string& line, const std::string& json);
 
-  using Clock = std::chrono::steady_clock;
   MonitorOptions options_;
   std::ostream& out_;
   int rank_ = 0;

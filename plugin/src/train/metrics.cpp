@@ -6,7 +6,13 @@
 #include "runtime/settings.h"
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
+
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -41,6 +47,84 @@ std::string fixed(double v, int digits) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double process_cpu_seconds() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
+    return 0;
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Resident set size from /proc/self/statm (pages); 0 where there is none.
+double rss_mb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr)
+    return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  if (n != 2)
+    return 0;
+  return static_cast<double>(resident) *
+         static_cast<double>(sysconf(_SC_PAGESIZE)) / kMiB;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0)
+    return 0;
+  return static_cast<double>(u.ru_maxrss) * 1024.0 / kMiB;  // KiB on Linux
+}
+
+// The caching allocator's figures for the current CUDA device, only where
+// this process already made the device's context: asking would otherwise
+// create one (hundreds of MiB) in a job that never uses the GPU.
+bool cuda_memory_mb(double& allocated, double& reserved) {
+  const auto accelerator = at::accelerator::getAccelerator(false);
+  if (!accelerator || *accelerator != c10::DeviceType::CUDA ||
+      !at::detail::getCUDAHooks().hasCUDA())
+    return false;
+  const c10::DeviceIndex device = at::accelerator::getDeviceIndex();
+  if (device < 0 || !at::detail::getCUDAHooks().hasPrimaryContext(device))
+    return false;
+  const auto stats = at::accelerator::getDeviceStats(device);
+  const auto all =
+      static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  allocated = static_cast<double>(stats.allocated_bytes[all].current) / kMiB;
+  reserved = static_cast<double>(stats.reserved_bytes[all].current) / kMiB;
+  return true;
+}
+
+// " cpu 98%  rss 412 MiB" and the rest, for a progress line.
+std::string resource_text(const ResourceStats& r, bool with_peak) {
+  std::string t = "  cpu " + fixed(r.cpu_percent, 0) + "%  rss " +
+                  fixed(r.rss_mb, 0) + " MiB";
+  if (with_peak)
+    t += " (peak " + fixed(r.peak_rss_mb, 0) + ")";
+  if (r.cuda) {
+    t += "  cuda " + fixed(r.cuda_allocated_mb, 0) + "/" +
+         fixed(r.cuda_reserved_mb, 0) + " MiB";
+  }
+  return t;
+}
+
+std::string resource_json(const ResourceStats& r) {
+  std::string j = ",\"cpu_percent\":" + json_number(r.cpu_percent) +
+                  ",\"cpu_percent_max\":" + json_number(r.cpu_percent_max) +
+                  ",\"rss_mb\":" + json_number(r.rss_mb) +
+                  ",\"rss_mb_max\":" + json_number(r.rss_mb_max) +
+                  ",\"peak_rss_mb\":" + json_number(r.peak_rss_mb);
+  if (r.cuda) {
+    j += ",\"cuda_allocated_mb\":" + json_number(r.cuda_allocated_mb) +
+         ",\"cuda_allocated_mb_max\":" + json_number(r.cuda_allocated_mb_max) +
+         ",\"cuda_reserved_mb\":" + json_number(r.cuda_reserved_mb) +
+         ",\"cuda_reserved_mb_max\":" + json_number(r.cuda_reserved_mb_max);
+  }
+  return j;
 }
 
 }  // namespace
@@ -134,40 +218,109 @@ void TrainingMonitor::start_epoch(int64_t epoch, int64_t steps_done) {
   if (epoch >= 0 || steps_done > 0) {
     global_step_ = (epoch_ - 1) * options_.steps_per_epoch() + steps_done;
   }
-  window_ = Window();
-  epoch_window_ = Window();
+  open(window_);
+  open(epoch_window_);
   last_progress_ = StepStats();
   last_tick_ = Clock::now();
 }
 
-TrainingMonitor::Window TrainingMonitor::reduce(const Window& w) const {
-  Window r = w;
-  if (options_.reduce_over_ranks() && size_ > 1) {
-    auto t = at::tensor(
-        {w.loss_sum,
-         static_cast<double>(w.steps),
-         static_cast<double>(w.samples),
-         w.wait_seconds,
-         w.seconds},
-        at::kDouble);
-    allreduce_(
-        t,
-        AllreduceOptions()
-            .op(ReduceOp::Sum)
-            .name("ronde.metrics")
-            .verify(false));
-    auto v = t.accessor<double, 1>();
-    // Ranks run the same steps: loss, wait and time become means over
-    // ranks, samples the job's total.
-    r.loss_sum = v[0] / size_;
-    r.steps = static_cast<int64_t>(std::llround(v[1] / size_));
-    r.samples = static_cast<int64_t>(std::llround(v[2]));
-    r.wait_seconds = v[3] / size_;
-    r.seconds = v[4] / size_;
-  } else {
-    r.samples = w.samples * (options_.reduce_over_ranks() ? size_ : 1);
+void TrainingMonitor::open(Window& w) {
+  w = Window();
+  w.cpu_start = process_cpu_seconds();
+  w.wall_start = Clock::now();
+}
+
+TrainingMonitor::Reduced TrainingMonitor::reduce(const Window& w) const {
+  // This rank's figures, in the order of the columns below.
+  const double wall =
+      std::chrono::duration<double>(Clock::now() - w.wall_start).count();
+  double cuda_allocated = 0, cuda_reserved = 0;
+  const bool cuda = cuda_memory_mb(cuda_allocated, cuda_reserved);
+  enum Column {
+    kLoss,
+    kSteps,
+    kSamples,
+    kWait,
+    kSeconds,
+    kCpu,
+    kRss,
+    kPeak,
+    kCuda,
+    kCudaAllocated,
+    kCudaReserved,
+    kColumns
+  };
+  std::vector<double> mine(kColumns);
+  mine[kLoss] = w.loss_sum;
+  mine[kSteps] = static_cast<double>(w.steps);
+  mine[kSamples] = static_cast<double>(w.samples);
+  mine[kWait] = w.wait_seconds;
+  mine[kSeconds] = w.seconds;
+  mine[kCpu] =
+      wall > 0 ? 100.0 * (process_cpu_seconds() - w.cpu_start) / wall : 0;
+  mine[kRss] = rss_mb();
+  // The kernel's high-water mark trails the resident size by a page
+  // accounting batch; never report a peak below the present.
+  mine[kPeak] = std::max(peak_rss_mb(), mine[kRss]);
+  mine[kCuda] = cuda ? 1 : 0;
+  mine[kCudaAllocated] = cuda_allocated;
+  mine[kCudaReserved] = cuda_reserved;
+  // One row per rank: means and maxima both come from the rows.
+  at::Tensor rows = at::tensor(mine, at::kDouble).view({1, kColumns});
+  const bool over_ranks = options_.reduce_over_ranks() && size_ > 1;
+  if (over_ranks) {
+    rows = allgather(
+        rows, CollectiveOptions().name("ronde.metrics").verify(false));
   }
-  return r;
+  const int64_t n = rows.size(0);
+  auto v = rows.accessor<double, 2>();
+  auto mean = [&](int c) {
+    double sum = 0;
+    for (int64_t r = 0; r < n; ++r)
+      sum += v[r][c];
+    return sum / static_cast<double>(n);
+  };
+  auto most = [&](int c) {
+    double m = v[0][c];
+    for (int64_t r = 1; r < n; ++r)
+      m = std::max(m, v[r][c]);
+    return m;
+  };
+  Reduced out;
+  Window& g = out.window;
+  g = w;
+  // Ranks run the same steps: loss, wait and time become means over
+  // ranks, samples the job's total.
+  g.loss_sum = mean(kLoss);
+  g.steps = static_cast<int64_t>(std::llround(mean(kSteps)));
+  g.samples = over_ranks
+                  ? static_cast<int64_t>(std::llround(mean(kSamples) * n))
+                  : w.samples * (options_.reduce_over_ranks() ? size_ : 1);
+  g.wait_seconds = mean(kWait);
+  g.seconds = mean(kSeconds);
+  ResourceStats& r = out.resources;
+  r.cpu_percent = mean(kCpu);
+  r.cpu_percent_max = most(kCpu);
+  r.rss_mb = mean(kRss);
+  r.rss_mb_max = most(kRss);
+  r.peak_rss_mb = most(kPeak);
+  // Averaged over the ranks that use a device.
+  double users = 0, allocated = 0, reserved = 0;
+  for (int64_t row = 0; row < n; ++row) {
+    if (v[row][kCuda] > 0) {
+      users += 1;
+      allocated += v[row][kCudaAllocated];
+      reserved += v[row][kCudaReserved];
+    }
+  }
+  if (users > 0) {
+    r.cuda = true;
+    r.cuda_allocated_mb = allocated / users;
+    r.cuda_allocated_mb_max = most(kCudaAllocated);
+    r.cuda_reserved_mb = reserved / users;
+    r.cuda_reserved_mb_max = most(kCudaReserved);
+  }
+  return out;
 }
 
 void TrainingMonitor::step(
@@ -192,9 +345,11 @@ void TrainingMonitor::step(
   if (options_.log_every() == 0 || step_in_epoch_ % options_.log_every() != 0) {
     return;
   }
-  Window g = reduce(window_);
-  window_ = Window();
+  const Reduced reduced = reduce(window_);
+  const Window& g = reduced.window;
+  open(window_);
   StepStats s;
+  s.resources = reduced.resources;
   s.epoch = epoch_;
   s.step = step_in_epoch_;
   s.global_step = global_step_;
@@ -220,6 +375,7 @@ void TrainingMonitor::step(
   line << "  loss " << fixed(s.loss, 4) << "  " << fixed(s.samples_per_s, 0)
        << " samples/s  " << fixed(s.step_seconds * 1e3, 1)
        << " ms/step  comm wait " << fixed(100 * s.comm_wait_share, 1) << "%";
+  line << resource_text(s.resources, false);
   if (s.eta_seconds >= 0) {
     line << "  ETA " << format_duration(s.eta_seconds);
   }
@@ -235,7 +391,8 @@ void TrainingMonitor::step(
        << ",\"comm_wait_share\":" << json_number(s.comm_wait_share)
        << ",\"eta_seconds\":"
        << (s.eta_seconds >= 0 ? json_number(s.eta_seconds) : "null")
-       << ",\"time\":" << fixed(unix_seconds(), 3) << "}";
+       << resource_json(s.resources) << ",\"time\":" << fixed(unix_seconds(), 3)
+       << "}";
   emit(line.str(), json.str());
 }
 
@@ -246,8 +403,10 @@ EpochStats TrainingMonitor::end_epoch(
       "TrainingMonitor: rank ",
       rank_,
       " called end_epoch() before start_epoch()");
-  Window g = reduce(epoch_window_);
+  const Reduced reduced = reduce(epoch_window_);
+  const Window& g = reduced.window;
   EpochStats e;
+  e.resources = reduced.resources;
   e.epoch = epoch_;
   e.steps = g.steps;
   e.seconds = g.seconds;
@@ -261,7 +420,8 @@ EpochStats TrainingMonitor::end_epoch(
     line << "epoch " << e.epoch << "/" << options_.epochs() << " done in "
          << fixed(e.seconds, 1) << " s  train loss " << fixed(e.train_loss, 4)
          << "  " << fixed(e.samples_per_s, 0) << " samples/s  comm wait "
-         << fixed(100 * e.comm_wait_share, 1) << "%";
+         << fixed(100 * e.comm_wait_share, 1) << "%"
+         << resource_text(e.resources, true);
     for (const auto& [name, value] : e.metrics) {
       line << "  " << name << " " << fixed(value, 4);
     }
@@ -272,7 +432,8 @@ EpochStats TrainingMonitor::end_epoch(
          << ",\"epoch_seconds\":" << json_number(e.seconds)
          << ",\"train_loss\":" << json_number(e.train_loss)
          << ",\"samples_per_s\":" << json_number(e.samples_per_s)
-         << ",\"comm_wait_share\":" << json_number(e.comm_wait_share);
+         << ",\"comm_wait_share\":" << json_number(e.comm_wait_share)
+         << resource_json(e.resources);
     for (const auto& [name, value] : e.metrics) {
       json << ",\"" << detail::json_escape(name) << "\":" << json_number(value);
     }
