@@ -5,6 +5,7 @@
 // waiting forever.
 
 #include "runtime/net_address.h"
+#include "timeline_merge.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +67,7 @@ constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
 constexpr const char kUsage[] =
     "usage: ronderun -np N [options] [--] CMD [ARGS...]\n"
     "       ronderun -H HOST:SLOTS[,HOST:SLOTS...] [options] [--] CMD...\n"
+    "       ronderun --merge-timelines OUT FILE...\n"
     "\n"
     "Starts N ranks of CMD on this host, or the ranks of several hosts, with\n"
     "the RONDE_* environment set.\n"
@@ -77,7 +80,8 @@ constexpr const char kUsage[] =
     "  --hostfile FILE      one host per line: 'host slots=N' or 'host:N'\n"
     "                       ('#' starts a comment)\n"
     "  --rsh TEMPLATE       how a host's rank is started (default:\n"
-    "                       'ssh -o BatchMode=yes {host}'); {host} is replaced\n"
+    "                       'ssh -o BatchMode=yes {host}'); {host} is "
+    "replaced\n"
     "                       and one shell command line is appended, so a\n"
     "                       local template ends with 'sh -c'\n"
     "  -x NAME[=VALUE]      also pass NAME to remote ranks (RONDE_*, GLOO_*,\n"
@@ -90,6 +94,15 @@ constexpr const char kUsage[] =
     "                       the first host's address as this host resolves\n"
     "                       it, or, when that is this host's loopback, this\n"
     "                       host's address on the route to the next host)\n"
+    "  --timeline DIR       every rank writes its timeline to\n"
+    "                       DIR/timeline.RANK.json (RONDE_TIMELINE); when the\n"
+    "                       job ends they are merged into DIR/timeline.json,\n"
+    "                       a track per rank (ui.perfetto.dev). Ranks on\n"
+    "                       other hosts need DIR there too, and their files\n"
+    "                       are merged when DIR is shared\n"
+    "  --merge-timelines OUT FILE...\n"
+    "                       merge timelines written by ranks of any launcher\n"
+    "                       into OUT, and exit\n"
     "  --no-prefix          do not prefix output lines with \"[rank] \"\n"
     "  --verbose            print the job id, port and command to stderr\n"
     "  -h, --help           print this help and exit\n"
@@ -120,6 +133,7 @@ struct Options {
   std::string job_id;
   int port = 0;
   std::string host = kDefaultHost;
+  std::string timeline_dir;  // --timeline
   bool prefix = true;
   bool verbose = false;
   bool help = false;
@@ -257,12 +271,11 @@ std::string parse_args(int argc, char** argv, Options& options) {
       options.verbose = true;
       continue;
     }
-    const bool takes_value = arg == "-np" || arg == "-n" || arg == "--np" ||
-                             arg == "--timeout" || arg == "--job-id" ||
-                             arg == "--port" || arg == "--host" ||
-                             arg == "-H" || arg == "--hosts" ||
-                             arg == "--hostfile" || arg == "--rsh" ||
-                             arg == "-x";
+    const bool takes_value =
+        arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
+        arg == "--job-id" || arg == "--port" || arg == "--host" ||
+        arg == "-H" || arg == "--hosts" || arg == "--hostfile" ||
+        arg == "--rsh" || arg == "-x" || arg == "--timeline";
     if (!takes_value) {
       return "unknown option '" + arg + "'";
     }
@@ -311,6 +324,11 @@ std::string parse_args(int argc, char** argv, Options& options) {
         return "--rsh must not be empty";
       }
       options.rsh = value;
+    } else if (arg == "--timeline") {
+      if (value.empty()) {
+        return "--timeline must not be empty";
+      }
+      options.timeline_dir = value;
     } else if (arg == "-x") {
       if (value.empty() || value[0] == '=') {
         return "-x expects NAME or NAME=VALUE, got '" + value + "'";
@@ -554,6 +572,9 @@ class Launcher {
   void make_job_id();
   bool prepare_secret();
   void remove_secret();
+  bool prepare_timeline_dir();
+  std::string timeline_file(int rank) const;
+  void merge_timeline();
   double read_kill_grace();
   bool choose_rendezvous_address();
   void build_environments();
@@ -1079,6 +1100,8 @@ void Launcher::build_environments() {
       "RONDE_JOB_ID",
       "RONDE_TIMEOUT_SECONDS",
       kSecretFileEnv,
+      // Replaced by --timeline's path, else inherited.
+      options_.timeline_dir.empty() ? "" : "RONDE_TIMELINE",
   };
   std::vector<std::string> base;
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
@@ -1152,6 +1175,11 @@ void Launcher::build_environments() {
       own.push_back(
           "RONDE_TIMEOUT_SECONDS=" + std::to_string(*options_.timeout_seconds));
     }
+    if (!options_.timeline_dir.empty()) {
+      // Each rank puts its rank in place of {rank}.
+      own.push_back(
+          "RONDE_TIMELINE=" + options_.timeline_dir + "/timeline.{rank}.json");
+    }
     std::vector<std::string> env = base;
     env.insert(env.end(), own.begin(), own.end());
     if (!host.empty() && !is_local_host(host)) {
@@ -1160,6 +1188,102 @@ void Launcher::build_environments() {
     }
     rank_env_.push_back(std::move(env));
   }
+}
+
+bool Launcher::prepare_timeline_dir() {
+  const std::string& dir = options_.timeline_dir;
+  if (dir.empty()) {
+    return true;
+  }
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    message("--timeline: cannot create '" + dir + "': " + strerror(errno));
+    return false;
+  }
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    message("--timeline: '" + dir + "' is not a directory");
+    return false;
+  }
+  // A previous job's files would be merged as this one's.
+  for (int r = 0; r < options_.num_ranks; ++r) {
+    unlink(timeline_file(r).c_str());
+  }
+  return true;
+}
+
+std::string Launcher::timeline_file(int rank) const {
+  return options_.timeline_dir + "/timeline." + std::to_string(rank) + ".json";
+}
+
+void Launcher::merge_timeline() {
+  if (options_.timeline_dir.empty()) {
+    return;
+  }
+  std::vector<std::string> files;
+  std::string missing;
+  for (int r = 0; r < options_.num_ranks; ++r) {
+    if (access(timeline_file(r).c_str(), R_OK) == 0) {
+      files.push_back(timeline_file(r));
+    } else {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+  }
+  if (files.empty()) {
+    message(
+        "--timeline: no rank wrote a timeline in '" + options_.timeline_dir +
+        "'");
+    return;
+  }
+  const std::string out = options_.timeline_dir + "/timeline.json";
+  const TimelineMerge m = merge_timelines(files, out);
+  if (!m.error.empty()) {
+    message("--timeline: " + m.error);
+    return;
+  }
+  std::string note = "timeline of " + std::to_string(m.files) + " rank(s) in " +
+                     out + " (" + std::to_string(m.events) + " events)";
+  if (!missing.empty()) {
+    note += "; no file from rank(s) " + missing +
+            " (another host's, or a rank that never started its timeline)";
+  }
+  for (const std::string& t : m.torn) {
+    note += "; " + t + " ends mid-event, its complete events are kept";
+  }
+  message(note);
+}
+
+// ronderun --merge-timelines OUT FILE...
+int merge_timelines_command(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(
+        stderr,
+        "ronderun: --merge-timelines needs OUT and at least one "
+        "FILE\n%s",
+        kUsage);
+    return kUsageExitCode;
+  }
+  std::vector<std::string> inputs(argv + 3, argv + argc);
+  const TimelineMerge m = merge_timelines(inputs, argv[2]);
+  for (const std::string& u : m.unreadable) {
+    fprintf(stderr, "ronderun: cannot read %s\n", u.c_str());
+  }
+  for (const std::string& t : m.torn) {
+    fprintf(
+        stderr,
+        "ronderun: %s ends mid-event; its complete events are kept\n",
+        t.c_str());
+  }
+  if (!m.error.empty()) {
+    fprintf(stderr, "ronderun: %s\n", m.error.c_str());
+    return kFailureExitCode;
+  }
+  fprintf(
+      stderr,
+      "ronderun: %d timeline(s), %lld events in %s\n",
+      m.files,
+      m.events,
+      argv[2]);
+  return m.unreadable.empty() ? 0 : kFailureExitCode;
 }
 
 int Launcher::run() {
@@ -1187,6 +1311,9 @@ int Launcher::run() {
     make_job_id();
   }
   kill_grace_seconds_ = read_kill_grace();
+  if (!prepare_timeline_dir()) {
+    return kFailureExitCode;
+  }
   if (!prepare_secret()) {
     return kFailureExitCode;
   }
@@ -1212,6 +1339,7 @@ int Launcher::run() {
   start_ranks();
   supervise();
   remove_secret();
+  merge_timeline();
 
   if (first_failure_code_) {
     return *first_failure_code_;
@@ -1735,6 +1863,9 @@ void Launcher::supervise() {
 }  // namespace ronde
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--merge-timelines") == 0) {
+    return ronde::detail::merge_timelines_command(argc, argv);
+  }
   ronde::detail::Options options;
   const std::string error = ronde::detail::parse_args(argc, argv, options);
   if (options.help) {

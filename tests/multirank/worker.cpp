@@ -840,6 +840,7 @@ int scenario_crash() {
 int run_optim_scenario(int argc, char** argv);       // worker_optim.cpp
 int run_checkpoint_scenario(int argc, char** argv);  // worker_checkpoint.cpp
 int run_sync_bn_scenario(int argc, char** argv);     // worker_sync_bn.cpp
+int run_observe_scenario(int argc, char** argv);     // worker_observe.cpp
 
 int main(int argc, char** argv) {
   at::set_num_threads(1);
@@ -875,6 +876,8 @@ int main(int argc, char** argv) {
     if (int rc = run_checkpoint_scenario(argc, argv); rc >= 0)
       return rc;
     if (int rc = run_sync_bn_scenario(argc, argv); rc >= 0)
+      return rc;
+    if (int rc = run_observe_scenario(argc, argv); rc >= 0)
       return rc;
   } catch (const std::exception& e) {
     std::cout << "UNCAUGHT: " << e.what() << std::endl;

@@ -1,5 +1,7 @@
-"""Launches workers on 2 local ranks through ronderun or torchrun. The build
-tree comes from RONDE_BUILD_DIR (CTest sets it), else ./build."""
+"""Launches workers on 2 local ranks through ronderun or torchrun. ronde comes
+from the build tree, RONDE_BUILD_DIR (CTest sets it) or else ./build; with
+RONDE_TEST_INSTALLED=1, from the Python running the tests (a pip install),
+with the ronderun installed beside it."""
 import os
 import subprocess
 import sys
@@ -8,11 +10,14 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+INSTALLED = os.environ.get("RONDE_TEST_INSTALLED") == "1"
 BUILD = os.environ.get("RONDE_BUILD_DIR", os.path.join(ROOT, "build"))
-PYDIR = os.path.join(BUILD, "python")
+PYDIR = None if INSTALLED else os.path.join(BUILD, "python")
+RONDERUN = (os.path.join(os.path.dirname(sys.executable), "ronderun")
+            if INSTALLED else os.path.join(BUILD, "bin", "ronderun"))
 WORKER = os.path.join(HERE, "worker.py")
 
-if PYDIR not in sys.path:
+if PYDIR and PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 sys.path.insert(0, HERE)
 
@@ -20,7 +25,7 @@ sys.path.insert(0, HERE)
 def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [PYDIR, HERE] + [p for p in [env.get("PYTHONPATH")] if p])
+        [p for p in [PYDIR, HERE, env.get("PYTHONPATH")] if p])
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("RONDE_TIMEOUT_SECONDS", "30")
     return env
@@ -31,10 +36,10 @@ class Ranks:
         self.out = str(tmp_path)
 
     def run(self, scenario, *args, np=2, launcher="ronderun", check=True,
-            timeout=240):
+            timeout=240, launcher_args=()):
         worker = [WORKER, scenario, self.out] + list(args)
         if launcher == "ronderun":
-            cmd = [os.path.join(BUILD, "bin", "ronderun"), "-np", str(np),
+            cmd = [RONDERUN, "-np", str(np), *launcher_args,
                    "--", sys.executable] + worker
         elif launcher == "torchrun":
             torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -1,5 +1,8 @@
 """ronde.torch on 2 real ranks over loopback, checked against one process
 training on every rank's data (tests/python/common.py)."""
+import json
+import os
+
 import pytest
 import torch
 
@@ -350,3 +353,34 @@ def test_a_horovod_script_runs_with_only_its_import_changed(ranks):
                                    torch.full((3,), 0.5))
         assert res["sync_bn_out_shape"] == (4, 3, 2, 2)
         assert res["caps"] == (False, False, True, False)
+
+
+def test_ranges_in_torch_profiler_and_merged_timeline(ranks):
+    # torch.profiler sees ronde's work beside the model's ops, the
+    # all-reduces on ronde's own thread; ronderun --timeline merges the
+    # ranks' own timelines into one file with a process per rank.
+    tl = os.path.join(ranks.out, "tl")
+    p = ranks.run("profile", launcher_args=("--timeline", tl))
+    assert f"timeline of 2 rank(s) in {tl}/timeline.json" in p.stderr
+    for rank in range(2):
+        names = set(ranks.load("profile", rank))
+        for want in ("ronde::launch", "ronde::pack", "ronde::allreduce",
+                     "ronde::wait", "ronde::step", "load batch", "aten::mm"):
+            assert want in names, (rank, want, sorted(names))
+        with open(os.path.join(ranks.out, f"trace.{rank}.json")) as f:
+            events = json.load(f)["traceEvents"]
+        tids = {name: {e["tid"] for e in events if e.get("name") == name}
+                for name in ("ronde::allreduce", "ronde::step")}
+        assert tids["ronde::allreduce"] and tids["ronde::step"]
+        assert not tids["ronde::allreduce"] & tids["ronde::step"]
+    with open(os.path.join(tl, "timeline.json")) as f:
+        merged = json.load(f)["traceEvents"]
+    names = {e["args"]["name"] for e in merged
+             if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    spans = [e for e in merged if e.get("ph") == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert all(e["dur"] >= 0 and e["ts"] > 0 for e in spans)
+    for rank in (0, 1):
+        mine = {e["name"].split(" ")[0] for e in spans if e["pid"] == rank}
+        assert {"allreduce", "pack", "optimizer"} <= mine, (rank, mine)

@@ -401,6 +401,27 @@ def horovod_api(out):
     save(out, "horovod_api", res)
 
 
+def profile(out):
+    """Trains under torch.profiler and saves the trace: ronde's ranges must
+    be in it beside the model's ops."""
+    model = make_model()
+    rt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = rt.DistributedOptimizer(
+        make_optimizer("sgd", model.parameters(), 0.05),
+        named_parameters=model.named_parameters(), fusion_threshold_mb=0.0005,
+        first_bucket_mb=0.0005)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        for step in range(STEPS):
+            opt.zero_grad()
+            with torch.profiler.record_function("load batch"):
+                x, y = batch(step, 0, rt.rank(), rt.size(), 1)
+            loss_fn(model, x, y).backward()
+            opt.step()
+    prof.export_chrome_trace(os.path.join(out, f"trace.{rt.rank()}.json"))
+    save(out, "profile", sorted({e.key for e in prof.key_averages()}))
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -411,7 +432,7 @@ def main():
         {"train": train, "collectives": collectives, "errors": errors,
          "peer_dies": peer_dies, "process_sets": process_sets,
          "uneven": uneven, "sync_bn": sync_bn,
-         "horovod_api": horovod_api}[scenario](
+         "horovod_api": horovod_api, "profile": profile}[scenario](
              out, **kwargs)
     except Exception:
         traceback.print_exc()

@@ -28,6 +28,8 @@
 
 #include <gtest/gtest.h>
 
+#include "timeline_merge.h"
+
 #ifndef RONDERUN_PATH
 #error "RONDERUN_PATH must name the ronderun binary under test"
 #endif
@@ -841,6 +843,84 @@ TEST_F(RonderunTest, RunsLocalhostEntriesWithoutTheTemplate) {
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const std::set<std::string> lines = line_set(result.out);
   EXPECT_EQ(lines, (std::set<std::string>{"[0] 127.0.0.1 2", "[1] 127.0.0.1 2"}));
+}
+
+std::string read_whole(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(TimelineMerge, TellsCompleteEventsFromTornOnes) {
+  EXPECT_TRUE(complete_event(R"({"name":"a","ts":1,"args":{"b":[1,2]}})"));
+  EXPECT_TRUE(complete_event(R"({"name":"a}{","ts":1},)"));
+  EXPECT_TRUE(complete_event(R"({"name":"q\"}","ts":1})"));
+  EXPECT_FALSE(complete_event(R"({"name":"a","args":{"b":1})"));
+  EXPECT_FALSE(complete_event(R"({"name":"a","ts)"));
+  EXPECT_FALSE(complete_event(R"({"a":1}{"b":2})"));
+  EXPECT_FALSE(complete_event("["));
+  EXPECT_FALSE(complete_event(""));
+}
+
+// Rank 0 writes a whole timeline, rank 1 is torn mid-event, rank 2 writes
+// none: the merged file holds every complete event, one track per rank.
+TEST_F(RonderunTest, MergesTheRanksTimelines) {
+  const std::string dir = temp_dir_ + "/timeline";
+  const RunResult result = run_ronderun(
+      {"-np",
+       "3",
+       "--timeline",
+       dir,
+       "--",
+       "sh",
+       "-c",
+       "f=$(printf %s \"$RONDE_TIMELINE\" | sed \"s/{rank}/$RONDE_RANK/\"); "
+       "case $RONDE_RANK in "
+       "0) printf '[\\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,"
+       "\"args\":{\"name\":\"rank 0\"}},\\n{\"name\":\"a\",\"ph\":\"X\","
+       "\"ts\":1,\"dur\":2,\"pid\":0,\"tid\":1}\\n]\\n' > \"$f\";; "
+       "1) printf '[\\n{\"name\":\"b\",\"ph\":\"X\",\"ts\":3,\"dur\":1,"
+       "\"pid\":1,\"tid\":1},\\n{\"name\":\"c\",\"ph\":\"X\",\"du' "
+       "> \"$f\";; esac"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  const std::string merged = read_whole(dir + "/timeline.json");
+  EXPECT_EQ(
+      merged.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0), 0u)
+      << merged;
+  EXPECT_TRUE(contains(merged, R"("name":"a","ph":"X","ts":1)")) << merged;
+  EXPECT_TRUE(contains(merged, R"("name":"b","ph":"X","ts":3)")) << merged;
+  EXPECT_FALSE(contains(merged, R"("name":"c")")) << merged;
+  EXPECT_TRUE(
+      contains(merged, R"("name":"process_sort_index","ph":"M","pid":1)"))
+      << merged;
+  EXPECT_TRUE(contains(merged, "\n]}\n")) << merged;
+  EXPECT_TRUE(contains(
+      result.err,
+      "timeline of 2 rank(s) in " + dir + "/timeline.json (5 events)"))
+      << result.err;
+  EXPECT_TRUE(contains(result.err, "no file from rank(s) 2")) << result.err;
+  EXPECT_TRUE(contains(result.err, "timeline.1.json ends mid-event"))
+      << result.err;
+
+  // The same files merged by hand, as for a job another launcher started.
+  const std::string out = temp_dir_ + "/by_hand.json";
+  const RunResult by_hand = run_ronderun(
+      {"--merge-timelines",
+       out,
+       dir + "/timeline.0.json",
+       dir + "/timeline.1.json"});
+  EXPECT_EQ(by_hand.exit_code, 0) << by_hand.err;
+  EXPECT_EQ(read_whole(out), merged);
+  const RunResult missing =
+      run_ronderun({"--merge-timelines", out, dir + "/timeline.2.json"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_TRUE(contains(missing.err, "cannot read " + dir + "/timeline.2.json"))
+      << missing.err;
+  for (const char* f : {"timeline.0.json", "timeline.1.json", "timeline.json"})
+    (void)unlink((dir + "/" + f).c_str());
+  (void)rmdir(dir.c_str());
+  (void)unlink(out.c_str());
 }
 
 }  // namespace

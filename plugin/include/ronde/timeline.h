@@ -8,7 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+
+namespace at {
+struct RecordFunction;
+}  // namespace at
 
 namespace ronde {
 
@@ -21,7 +26,8 @@ bool timeline_enabled();
 // The file being written, or "".
 std::string timeline_path();
 
-// A span of your own on the timeline, on the calling thread's track:
+// A span of your own on the timeline, on the calling thread's track, and a
+// range of the same name in the PyTorch profiler while one records:
 //   { ronde::TimelineRange r("data loading"); loader.next(); }
 class TimelineRange {
  public:
@@ -34,6 +40,7 @@ class TimelineRange {
   std::string name_;
   std::string category_;
   int64_t start_us_ = -1;  // -1: the timeline was off at construction
+  std::unique_ptr<at::RecordFunction> range_;  // null: no profiler
 };
 
 namespace detail {

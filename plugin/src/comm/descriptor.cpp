@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -194,6 +195,19 @@ const char* to_string(OpKind k) {
       return "join";
   }
   return "unknown";
+}
+
+const char* profiler_range(OpKind k) {
+  // "ronde::" and the kind's name, made once.
+  constexpr int kKinds = static_cast<int>(OpKind::Join) + 1;
+  static const std::array<std::string, kKinds> names = [] {
+    std::array<std::string, kKinds> n;
+    for (int i = 0; i < kKinds; ++i)
+      n[i] = std::string("ronde::") + to_string(static_cast<OpKind>(i));
+    return n;
+  }();
+  const int i = static_cast<int>(k);
+  return i >= 0 && i < kKinds ? names[i].c_str() : "ronde::collective";
 }
 
 Descriptor describe(

@@ -26,6 +26,8 @@ enum class OpKind : int32_t {
 };
 
 const char* to_string(OpKind k);
+// The PyTorch profiler range of a collective ("ronde::allreduce").
+const char* profiler_range(OpKind k);
 // Whether ranks may pass different dim 0s (allgather, alltoall).
 bool ragged(OpKind kind);
 

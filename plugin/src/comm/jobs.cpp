@@ -10,6 +10,7 @@
 #include "comm/jobs.h"
 
 #include "comm/world.h"
+#include "runtime/span.h"
 
 #include <ronde/errors.h>
 #include <ronde/timeline.h>
@@ -311,6 +312,7 @@ Handle submit(
         call.desc.error);
   }
   const int64_t submitted_us = timeline_enabled() ? timeline_now_us() : -1;
+  std::shared_ptr<const ProfilerContext> profiler = ProfilerContext::capture();
   std::string what = to_string(call.kind);
   if (!call.name.empty())
     what += " '" + call.name + "'";
@@ -328,8 +330,12 @@ Handle submit(
        uses = std::move(uses),
        fence,
        what,
-       submitted_us](Communicator& comm, HandleState& state) {
-        const int64_t start_us = submitted_us >= 0 ? timeline_now_us() : -1;
+       submitted_us,
+       profiler = std::move(profiler)](Communicator& comm, HandleState& state) {
+        ProfilerContext::Scope profiled(profiler.get());
+        // On the job's thread, so that a trace shows it beside the
+        // computation it overlaps.
+        Span span(profiler_range(call.kind));
         // The exchange first (host memory only): ranks that disagree, on
         // the backend too, learn it before a device backend connects.
         Exchanged ex;
@@ -362,14 +368,13 @@ Handle submit(
           state.device = std::make_shared<DeviceWork>(std::move(done), what);
           comm.watch(call.anchor, state.device);
         }
-        if (start_us >= 0) {
-          timeline_span(
+        if (span.timing() && submitted_us >= 0) {
+          span.timeline(
               std::string(to_string(call.kind)) + " " + call.name,
               "collective",
-              start_us,
-              timeline_now_us(),
               "\"bytes\":" + std::to_string(described_bytes(call.desc)) +
-                  ",\"queued_us\":" + std::to_string(start_us - submitted_us) +
+                  ",\"queued_us\":" +
+                  std::to_string(span.start_us() - submitted_us) +
                   ",\"verified\":" + (call.verify ? "true" : "false") +
                   ",\"inline\":" + (ex.payloads.empty() ? "false" : "true"));
         }

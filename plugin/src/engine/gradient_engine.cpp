@@ -5,6 +5,7 @@
 #include "engine/cross_rank_check.h"
 #include "engine/pack.h"
 #include "runtime/settings.h"
+#include "runtime/span.h"
 
 #include <ronde/runtime.h>
 #include <ronde/timeline.h>
@@ -217,7 +218,7 @@ void GradientEngine::on_ready(size_t param) {
 // no gradient here.
 void GradientEngine::pack(size_t bi) {
   const LayoutBucket& b = layout_.buckets[bi];
-  const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
+  Span span("ronde::pack");
   std::vector<at::Tensor> dst, src, unused;
   std::vector<const LayoutSlot*> moved;
   for (size_t slot : b.slots) {
@@ -241,13 +242,9 @@ void GradientEngine::pack(size_t bi) {
     for (const LayoutSlot* s : moved)
       s->param.mutable_grad() = s->view;
   }
-  if (t0 >= 0 && !(dst.empty() && unused.empty())) {
-    timeline_span(
-        "pack " + b.name,
-        "pack",
-        t0,
-        timeline_now_us(),
-        "\"tensors\":" + std::to_string(dst.size()));
+  if (span.timing() && !(dst.empty() && unused.empty())) {
+    span.timeline(
+        "pack " + b.name, "pack", "\"tensors\":" + std::to_string(dst.size()));
   }
 }
 
@@ -284,6 +281,7 @@ void GradientEngine::launch(size_t bi) {
   const LayoutBucket& b = layout_.buckets[bi];
   BucketState& state = bucket_state_[bi];
   torch::NoGradGuard no_grad;
+  Span span("ronde::launch");
   pack(bi);
   write_used_mask(bi);
   const double f = options_.gradient_predivide_factor();
@@ -303,11 +301,11 @@ void GradientEngine::launch(size_t bi) {
   if (options_.compression() != Compression::None &&
       (b.buffer.scalar_type() == at::kFloat ||
        b.buffer.scalar_type() == at::kDouble)) {
-    const int64_t t0 = timeline_enabled() ? timeline_now_us() : -1;
+    Span compress("ronde::compress");
     state.wire = b.buffer.to(wire_dtype(options_.compression()));
     target = state.wire;
-    if (t0 >= 0)
-      timeline_span("compress " + b.name, "pack", t0, timeline_now_us());
+    if (compress.timing())
+      compress.timeline("compress " + b.name, "pack");
   } else {
     state.wire = at::Tensor();
   }
@@ -374,7 +372,7 @@ void GradientEngine::adopt_replaced_parameters() {
 
 void GradientEngine::wait_all() {
   auto t0 = std::chrono::steady_clock::now();
-  const int64_t wait_us = timeline_enabled() ? timeline_now_us() : -1;
+  Span span("ronde::wait");
   for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
     BucketState& state = bucket_state_[bi];
     state.handle.wait();
@@ -384,8 +382,7 @@ void GradientEngine::wait_all() {
   profile_.wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
-  if (wait_us >= 0)
-    timeline_span("wait for all-reduces", "wait", wait_us, timeline_now_us());
+  span.timeline("wait for all-reduces", "wait");
 }
 
 // Points (or, without bucket views, copies) every .grad at its averaged
@@ -393,7 +390,7 @@ void GradientEngine::wait_all() {
 // are batched together.
 void GradientEngine::unpack() {
   torch::NoGradGuard no_grad;
-  const int64_t unpack_us = timeline_enabled() ? timeline_now_us() : -1;
+  Span span("ronde::unpack");
   std::vector<at::Tensor> dst, src, bucket_dst, bucket_src;
   bool unpacked = false;
   for (const LayoutBucket& b : layout_.buckets) {
@@ -434,8 +431,8 @@ void GradientEngine::unpack() {
   }
   if (!dst.empty())
     batched_copy(dst, src);
-  if (unpack_us >= 0 && unpacked)
-    timeline_span("unpack", "unpack", unpack_us, timeline_now_us());
+  if (unpacked)
+    span.timeline("unpack", "unpack");
 }
 
 void GradientEngine::synchronize() {
@@ -682,8 +679,9 @@ at::Tensor GradientEngine::step(
     }
     at::Tensor out;
     {
-      TimelineRange span("optimizer step", "step");
+      Span span("ronde::step");
       out = update(nullptr);
+      span.timeline("optimizer step", "step");
     }
     finish_step();
     return out;
@@ -708,8 +706,9 @@ at::Tensor GradientEngine::step(
   };
   at::Tensor out;
   {
-    TimelineRange span("optimizer step", "step");
+    Span span("ronde::step");
     out = update(synced);
+    span.timeline("optimizer step", "step");
   }
   finish_step();
   return out;

@@ -3,6 +3,7 @@
 
 #include "runtime/json_text.h"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
@@ -200,6 +201,12 @@ TimelineRange::TimelineRange(std::string name, std::string category)
     : name_(std::move(name)), category_(std::move(category)) {
   if (timeline_enabled()) {
     start_us_ = detail::timeline_now_us();
+  }
+  if (at::hasCallbacks()) {
+    range_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+    if (range_->isActive()) {
+      range_->before(name_);
+    }
   }
 }
 

@@ -4,9 +4,9 @@
 #include <ronde/data.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
-#include <ronde/timeline.h>
 
 #include "runtime/settings.h"
+#include "runtime/span.h"
 #include "train/checkpoint_file.h"
 
 #include <ATen/ATen.h>
@@ -435,7 +435,10 @@ std::vector<std::string> Checkpointer::list() const {
 
 void Checkpointer::save(int64_t step) {
   TORCH_CHECK(step >= 0, "Checkpointer: the step must be >= 0, got ", step);
-  TimelineRange span("checkpoint save " + std::to_string(step), "checkpoint");
+  detail::Span span(
+      "ronde::checkpoint_save",
+      "checkpoint save " + std::to_string(step),
+      "checkpoint");
   // Every rank's generator, so that a rank-specific random stream (dropout
   // seeded per rank) resumes where it was.
   auto rng = cpu_rng_state().unsqueeze(0);
@@ -500,7 +503,8 @@ void Checkpointer::save(int64_t step) {
 }
 
 std::optional<int64_t> Checkpointer::restore() {
-  TimelineRange span("checkpoint restore", "checkpoint");
+  detail::Span span(
+      "ronde::checkpoint_restore", "checkpoint restore", "checkpoint");
   std::string payload;
   int64_t step = -1;
   // Rank 0 reads the key; a key it cannot read fails every rank alike.
