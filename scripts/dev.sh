@@ -33,6 +33,12 @@ TORCH_VERSION=2.13.0
 # cuda); its wheel brings nccl.h and libnccl.
 CUDA_VENV=${RONDE_CUDA_VENV:-$ROOT/.venv-cuda}
 CUDA_TORCH_VERSION=2.14.1
+SCIKIT_BUILD_CORE_VERSION=1.1.2
+# ccache keys on paths relative to the checkout and not on the build
+# directory, so that the pip build (in build-pip, beside build) reuses the
+# CMake build's compilations.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 
 # clang and its runtime: the libFuzzer targets (scripts/fuzz.sh), which the
 # test suite runs for a few seconds each; procps: ps, in a security test.
@@ -87,6 +93,12 @@ setup_venv() {
   # The Python bindings' tests; pytest does not depend on torch.
   if ! "$VENV/bin/python" -c 'import pytest' >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --disable-pip-version-check pytest
+  fi
+  # The build backend of pyproject.toml, for pip install --no-build-isolation
+  # (the python.pip_install test builds a wheel with it).
+  if ! "$VENV/bin/python" -c 'import scikit_build_core' >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+      "scikit-build-core==$SCIKIT_BUILD_CORE_VERSION"
   fi
 }
 

@@ -24,8 +24,32 @@ import io as _io
 
 import torch as _torch
 
-from . import _C
-from ._C import (  # noqa: F401  (re-exported)
+from . import _build_info
+
+
+def _check_torch():
+    # The extension links the C++ ABI of one torch release; another one's
+    # LibTorch would fail to load it with a symbol error, or load it and
+    # crash later. Say so before loading it.
+    built = _build_info.TORCH_VERSION
+    have = _torch.__version__
+    if have.split("+")[0] != built.split("+")[0]:
+        raise ImportError(
+            f"ronde.torch was built against torch {built}, but this Python "
+            f"has torch {have} ({_torch.__file__}). Install torch=="
+            f"{built.split('+')[0]}, or rebuild ronde against this torch: "
+            f"pip install --no-build-isolation --force-reinstall ronde "
+            f"(from its source).")
+    if _build_info.WITH_NCCL and _torch.version.cuda is None:
+        raise ImportError(
+            f"ronde.torch was built with NCCL against a CUDA build of torch "
+            f"{built}, but this torch {have} has no CUDA.")
+
+
+_check_torch()
+
+from . import _C  # noqa: E402
+from ._C import (  # noqa: F401,E402  (re-exported)
     CommError,
     Compression,
     Decay,
