@@ -52,8 +52,18 @@ venv_pip=("$work/venv/bin/python" -m pip -q --disable-pip-version-check)
   > "$work/venv.log" 2>&1 || { cat "$work/venv.log"; exit 1; }
 "${venv_pip[@]}" install "$wheel" > "$work/install.log" 2>&1 ||
   { cat "$work/install.log"; exit 1; }
+# Run paths relative to the package, so that the site-packages can move.
+site=$(echo "$work"/venv/lib/python*/site-packages)
+for lib in "$site"/ronde/torch/_C.*.so "$site"/ronde/lib/libronde.so; do
+  runpath=$(readelf -d "$lib" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+  case ":$runpath:" in
+    *:/*) echo "$lib has an absolute run path: $runpath"; exit 1 ;;
+    *'$ORIGIN/../../torch/lib'*) ;;
+    *) echo "$lib does not find torch relative to itself: '$runpath'"; exit 1 ;;
+  esac
+done
 grep -q "^Requires-Dist: torch==$torch_version\$" \
-  "$work"/venv/lib/python*/site-packages/ronde-*.dist-info/METADATA ||
+  "$site"/ronde-*.dist-info/METADATA ||
   { echo "METADATA does not pin torch==$torch_version"; exit 1; }
 
 cd "$work"  # nothing of the source tree on sys.path
