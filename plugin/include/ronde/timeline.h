@@ -11,11 +11,11 @@
 #include <memory>
 #include <string>
 
-namespace at {
-struct RecordFunction;
-}  // namespace at
-
 namespace ronde {
+
+namespace detail {
+class Span;
+}  // namespace detail
 
 // Starts writing the timeline to `path` (replacing a running one). Safe to
 // call before init(): the file is then named for rank 0.
@@ -37,10 +37,10 @@ class TimelineRange {
   TimelineRange& operator=(const TimelineRange&) = delete;
 
  private:
-  std::string name_;
   std::string category_;
-  int64_t start_us_ = -1;  // -1: the timeline was off at construction
-  std::unique_ptr<at::RecordFunction> range_;  // null: no profiler
+  // Null: neither the timeline nor a profiler recorded at construction.
+  // After category_, which it points into, so that it ends first.
+  std::unique_ptr<detail::Span> span_;
 };
 
 namespace detail {

@@ -4,7 +4,7 @@
 
 namespace ronde::detail {
 
-Span::Span(const char* range) {
+Span::Span(std::string_view range) {
   if (timeline_enabled())
     start_us_ = timeline_now_us();
   if (at::hasCallbacks()) {
@@ -14,7 +14,7 @@ Span::Span(const char* range) {
   }
 }
 
-Span::Span(const char* range, std::string name, const char* category)
+Span::Span(std::string_view range, std::string name, const char* category)
     : Span(range) {
   if (start_us_ >= 0) {
     name_ = std::move(name);

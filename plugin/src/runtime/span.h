@@ -11,16 +11,19 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace ronde::detail {
 
 class Span {
  public:
-  // `range`: the profiler range's name, a literal ("ronde::pack"): ranges
-  // of one kind share a name, so that profiler tables add them up.
-  explicit Span(const char* range);
-  // A span that writes itself on the timeline, as `name`, when it ends.
-  Span(const char* range, std::string name, const char* category);
+  // `range`: the profiler range's name (copied), ronde's own a literal
+  // ("ronde::pack"): ranges of one kind share a name, so that profiler
+  // tables add them up.
+  explicit Span(std::string_view range);
+  // A span that writes itself on the timeline, as `name`, when it ends;
+  // `category` must outlive it.
+  Span(std::string_view range, std::string name, const char* category);
   ~Span();
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;

@@ -2,6 +2,7 @@
 #include <ronde/timeline.h>
 
 #include "runtime/json_text.h"
+#include "runtime/span.h"
 
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -198,23 +199,14 @@ void timeline_thread_name(const std::string& name) {
 }  // namespace detail
 
 TimelineRange::TimelineRange(std::string name, std::string category)
-    : name_(std::move(name)), category_(std::move(category)) {
-  if (timeline_enabled()) {
-    start_us_ = detail::timeline_now_us();
-  }
-  if (at::hasCallbacks()) {
-    range_ = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-    if (range_->isActive()) {
-      range_->before(name_);
-    }
+    : category_(std::move(category)) {
+  // The span of ronde's own work, under the caller's name: nothing is
+  // allocated while neither the timeline nor a profiler records.
+  if (timeline_enabled() || at::hasCallbacks()) {
+    span_ = std::make_unique<detail::Span>(name, name, category_.c_str());
   }
 }
 
-TimelineRange::~TimelineRange() {
-  if (start_us_ >= 0) {
-    detail::timeline_span(
-        name_, category_.c_str(), start_us_, detail::timeline_now_us());
-  }
-}
+TimelineRange::~TimelineRange() = default;
 
 }  // namespace ronde
