@@ -108,9 +108,14 @@ def read_records(path):
     return records
 
 
+def _steps_per_epoch(steps):
+    """What the step records say an epoch has; 0: unknown."""
+    return next((int(s["steps_per_epoch"]) for s in steps
+                 if _num(s.get("steps_per_epoch"))), 0)
+
+
 def _epoch_ends(steps, epochs):
-    spe = next((int(s["steps_per_epoch"]) for s in steps
-                if _num(s.get("steps_per_epoch"))), 0)
+    spe = _steps_per_epoch(steps)
     last = {}
     for s in steps:
         g = _num(s.get("global_step"))
@@ -128,11 +133,6 @@ def _epoch_ends(steps, epochs):
             # No progress line in the epoch: count the steps it reported.
             ends[e] = total
     return ends
-
-
-def _steps_per_epoch(run):
-    return next((int(s["steps_per_epoch"]) for s in run.steps
-                 if _num(s.get("steps_per_epoch"))), 0)
 
 
 def load_runs(paths, labels=None, x="auto"):
@@ -159,14 +159,14 @@ def load_runs(paths, labels=None, x="auto"):
         run.epochs = [r for r in records if r["event"] == "epoch"]
         run.epoch_ends = _epoch_ends(run.steps, run.epochs)
         runs.append(run)
-    spes = {_steps_per_epoch(r) for r in runs}
+    spes = {_steps_per_epoch(r.steps) for r in runs}
     if x == "auto":
         x = "epoch" if len(spes) > 1 and 0 not in spes else "step"
     if x == "epoch":
         if 0 in spes:
             raise MetricsError("--x epoch: a file has no steps_per_epoch")
         for run in runs:
-            run.x_scale = 1.0 / _steps_per_epoch(run)
+            run.x_scale = 1.0 / _steps_per_epoch(run.steps)
             run.x_label = "epoch"
     elif x != "step":
         raise MetricsError(f"x must be step, epoch or auto, not {x!r}")
