@@ -3,7 +3,8 @@
 # packages, a venv with the pinned LibTorch wheel), builds, and runs the
 # example or the tests. Every step is skipped when already done.
 #
-#   scripts/dev.sh example   set up, build, run the main example on 2 ranks
+#   scripts/dev.sh example   set up, build the library, ronderun and the
+#                            example only, run it on 2 ranks
 #   scripts/dev.sh test      set up, build, run the whole test suite
 #   scripts/dev.sh setup     only install dependencies
 #   scripts/dev.sh build     set up and build
@@ -40,11 +41,13 @@ SCIKIT_BUILD_CORE_VERSION=1.1.2
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
 export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 
-# clang and its runtime: the libFuzzer targets (scripts/fuzz.sh), which the
-# test suite runs for a few seconds each; procps: ps, in a security test.
+# What configuring the build and running the example need.
 APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev iproute2
-  zlib1g-dev libssl-dev python3-dev dataset-fashion-mnist clang
-  libclang-rt-14-dev procps)
+  zlib1g-dev libssl-dev python3-dev dataset-fashion-mnist)
+# Only for the tests: clang and its runtime for the libFuzzer targets
+# (scripts/fuzz.sh), which the test suite runs for a few seconds each;
+# procps: ps, in a security test.
+APT_TEST_PACKAGES=(clang libclang-rt-14-dev procps)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
 
@@ -52,9 +55,10 @@ as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+# Installs the Debian packages named in $@ that are missing.
 setup_apt() {
   local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
       missing+=("$p")
   done
@@ -86,6 +90,10 @@ ensure_torch_venv() {
 setup_venv() {
   # The CPU build of this release.
   ensure_torch_venv "$VENV" "$TORCH_VERSION"
+}
+
+# The Python packages of the tests and benchmarks.
+setup_venv_tools() {
   # matplotlib: the benchmark report's figures (benchmarks/run_all.py).
   if ! "$VENV/bin/python" -c 'import numpy, matplotlib' >/dev/null 2>&1; then
     "$VENV/bin/pip" install -q --disable-pip-version-check numpy matplotlib
@@ -103,17 +111,34 @@ setup_venv() {
 }
 
 setup() {
-  setup_apt
+  setup_apt "${APT_PACKAGES[@]}" "${APT_TEST_PACKAGES[@]}"
+  setup_venv
+  setup_venv_tools
+}
+
+# What the example needs: the build's packages and LibTorch.
+setup_example() {
+  setup_apt "${APT_PACKAGES[@]}"
   setup_venv
 }
 
+# Configures $BUILD once and builds the given targets (default: all of
+# them: the tests, the benchmarks and the Python package too).
 build() {
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
     cmake -S "$ROOT" -B "$BUILD" -DRONDE_PYTHON="$VENV/bin/python" \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
-  cmake --build "$BUILD" -j "$JOBS"
+  if [ $# -gt 0 ]; then
+    cmake --build "$BUILD" -j "$JOBS" --target "$@"
+  else
+    cmake --build "$BUILD" -j "$JOBS"
+  fi
 }
+
+# What run_example needs and nothing more: the library (which builds the
+# Gloo module it opens), the launcher and the example.
+EXAMPLE_TARGETS=(ronde ronde_gloo ronderun fashion_mnist)
 
 run_example() {
   "$BUILD/bin/ronderun" -np 2 -- "$BUILD/bin/fashion_mnist" "$@"
@@ -169,7 +194,7 @@ shift || true
 case "$cmd" in
   setup) setup ;;
   build) setup; build ;;
-  example) setup; build; run_example "$@" ;;
+  example) setup_example; build "${EXAMPLE_TARGETS[@]}"; run_example "$@" ;;
   test) setup; build; run_tests "$@" ;;
   bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
   sanitize) setup; sanitize "$@" ;;
