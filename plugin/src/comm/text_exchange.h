@@ -1,7 +1,6 @@
 // Every rank's text, through two allgathers (lengths, then bytes): what
 // the checks that compare whole lists across ranks exchange (process-set
-// requests in comm/, parameter lists in engine/). Defined in
-// process_set.cpp.
+// requests in comm/, parameter lists in engine/).
 #pragma once
 
 #include <ronde/collectives.h>
