@@ -239,4 +239,27 @@ TEST(Descriptor, FramesHoldFourKibUpToSixteenRanksAndStayAligned) {
     EXPECT_EQ(frame_bytes(n) % 8, 0u) << n;
 }
 
+TEST(Descriptor, FrameCodecCarriesHeaderAndPayloadAndZeroesTheRest) {
+  using namespace ronde::detail;
+  FrameHeader head;
+  head.fingerprint = 0x1234;
+  head.dim0 = 3;
+  head.flags = kFrameInline | kFrameUnverified;
+  head.inline_bytes = 5;
+  std::vector<uint8_t> frame(sizeof(FrameHeader) + 16, 0xff);
+  const char payload[] = "abcde";
+  encode_frame(head, payload, frame.data(), frame.size());
+  const FrameHeader back = decode_frame_header(frame.data(), 0);
+  EXPECT_EQ(back.fingerprint, 0x1234u);
+  EXPECT_EQ(back.dim0, 3);
+  EXPECT_EQ(back.flags, kFrameInline | kFrameUnverified);
+  EXPECT_EQ(back.inline_bytes, 5);
+  EXPECT_EQ(std::memcmp(frame_payload(frame.data()), payload, 5), 0);
+  for (size_t i = sizeof(FrameHeader) + 5; i < frame.size(); ++i)
+    EXPECT_EQ(frame[i], 0) << i;
+
+  frame[0] ^= 1;  // not a frame
+  EXPECT_THROW(decode_frame_header(frame.data(), 2), c10::Error);
+}
+
 }  // namespace

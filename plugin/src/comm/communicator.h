@@ -78,6 +78,12 @@ class Communicator {
   virtual ~Communicator() = default;
   // The backend's name, for messages.
   virtual const char* backend() const = 0;
+  // Whether the call check's frames should carry small inputs
+  // (comm/call_check.cpp): yes where a round trip costs more than copying a
+  // few KiB of frames. The backend that runs the job's host exchanges answers.
+  virtual bool prefers_inline_payloads() const {
+    return true;
+  }
   // The backend that serves `tensor` ("gloo", "nccl", "self"). Ranks must
   // agree on it: it travels in the collective's descriptor.
   virtual const char* backend_for(const at::Tensor& tensor) const {

@@ -1,4 +1,5 @@
-// Descriptors: making one, comparing them, and the message of a mismatch.
+// Descriptors and frames: making one, comparing them, the message of a
+// mismatch, and the codec of the check's fixed-size frame.
 #include "comm/descriptor.h"
 
 #include <ronde/collectives.h>
@@ -282,6 +283,33 @@ size_t inline_capacity(int ranks) {
 
 size_t frame_bytes(int ranks) {
   return sizeof(FrameHeader) + inline_capacity(ranks);
+}
+
+void encode_frame(
+    const FrameHeader& head, const void* payload, uint8_t* frame, size_t size) {
+  const size_t carried = (head.flags & kFrameInline)
+      ? static_cast<size_t>(head.inline_bytes)
+      : 0;
+  TORCH_INTERNAL_ASSERT(
+      head.inline_bytes >= 0 && sizeof(FrameHeader) + carried <= size,
+      "ronde: collective frame overflow");
+  std::memcpy(frame, &head, sizeof(head));
+  if (carried > 0)
+    std::memcpy(frame_payload(frame), payload, carried);
+  std::memset(
+      frame + sizeof(FrameHeader) + carried,
+      0,
+      size - sizeof(FrameHeader) - carried);
+}
+
+FrameHeader decode_frame_header(const uint8_t* frame, int rank) {
+  FrameHeader head;
+  std::memcpy(&head, frame, sizeof(head));
+  TORCH_INTERNAL_ASSERT(
+      head.magic == kDescriptorMagic,
+      "ronde: corrupt collective frame from rank ",
+      rank);
+  return head;
 }
 
 void check_descriptors(const std::vector<Descriptor>& all, int me) {

@@ -2,7 +2,8 @@
 // contributes a small fixed-size descriptor of its call (kind, op, dtype,
 // shape, root, name, backend, and any complaint about its own input), and
 // every rank checks all of them alike. A mismatch then fails on every rank
-// with the same message instead of hanging or corrupting memory.
+// with the same message instead of hanging or corrupting memory. See
+// README.md, "Collectives"; comm/call_check.cpp runs the exchange.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -72,7 +73,7 @@ int64_t described_bytes(const Descriptor& d);
 // that check_descriptors() would accept together.
 uint64_t fingerprint(const Descriptor& d);
 
-// What each rank sends first for a checked call (see jobs.cpp): its
+// What each rank sends first for a checked call (comm/call_check.cpp): its
 // descriptor's fingerprint, its dim 0, and, for a small input, the input's
 // bytes after the header, in a frame whose size every rank of the job knows
 // without being told (frame_bytes()), so that no disagreement can make ranks
@@ -94,9 +95,26 @@ constexpr uint32_t kFrameJoined = 8;      // a rank in ronde::join()
 // The payload bytes a frame carries in a job of `ranks`: 4 KiB up to 16
 // ranks, then 64 KiB / ranks (at least 512), so that a frame exchange moves
 // at most about 64 KiB per rank. (Over shared memory frames carry none:
-// see jobs.cpp.)
+// see Communicator::prefers_inline_payloads().)
 size_t inline_capacity(int ranks);
 size_t frame_bytes(int ranks);
+
+// The frame codec. Here, beside the layout it writes, rather than with the
+// exchange: it is bytes only (no communicator, no job), and a frame comes
+// from a peer as a descriptor does, so it is read under the same rules.
+//
+// Writes `head` and, when it has kFrameInline, head.inline_bytes bytes of
+// `payload` into `frame` (`size` bytes, at least the header and payload);
+// the rest is zero, so that equal calls send equal bytes.
+void encode_frame(
+    const FrameHeader& head, const void* payload, uint8_t* frame, size_t size);
+// The header of rank `rank`'s frame (`frame`, read unaligned). Throws
+// c10::Error for a frame that is not one (bad magic number).
+FrameHeader decode_frame_header(const uint8_t* frame, int rank);
+// Where a frame's payload starts.
+inline uint8_t* frame_payload(uint8_t* frame) {
+  return frame + sizeof(FrameHeader);
+}
 
 // Checks every rank's descriptor (`all`, in rank order) as seen by `me`.
 // Throws c10::Error, with the same message on every rank, when the ranks

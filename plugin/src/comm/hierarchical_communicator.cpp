@@ -37,6 +37,9 @@ class HierarchicalCommunicator final : public Communicator {
   const char* backend() const override {
     return "hierarchical";
   }
+  bool prefers_inline_payloads() const override {
+    return flat_->prefers_inline_payloads();  // its all-gathers run there
+  }
   int rank() const override {
     return flat_->rank();
   }

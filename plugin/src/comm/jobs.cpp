@@ -1,5 +1,8 @@
-// Jobs: descriptor exchange, stream fencing and failure translation around
-// each collective's body.
+// Jobs: the call check, stream fencing and failure translation around each
+// collective's body. A job runs on its set's communication thread, one at a
+// time in submission order (or inline on a blocking caller's thread): see
+// docs/thread_model.md, "Threads", for who runs what, and comm/call_check.h
+// for the check every rank makes before the body.
 //
 // Device tensors: at submit the caller's stream gets a "ready" event; the job
 // runs its device work on the backend's stream (NCCL's own) or on a side
@@ -9,6 +12,7 @@
 // reused while the other stream may still touch it.
 #include "comm/jobs.h"
 
+#include "comm/call_check.h"
 #include "comm/world.h"
 #include "runtime/span.h"
 
@@ -21,216 +25,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 namespace ronde::detail {
 namespace {
-
-// The descriptors of ranks in ronde::join() become the call the others
-// made (the first of them, which check_descriptors() then holds the rest
-// to), with no complaint and, where ranks may differ there, dim 0 zero:
-// every body then runs on a joined rank as on the others, with an input
-// that changes nothing. Fails alike on every rank for a call that a joined
-// rank cannot answer.
-void stand_in_for_joined(
-    std::vector<Descriptor>& all, const std::vector<char>& joined) {
-  int active = -1;
-  for (size_t r = 0; r < all.size() && active < 0; ++r) {
-    if (!joined[r])
-      active = static_cast<int>(r);
-  }
-  const Descriptor& call = all[active];
-  const auto kind = static_cast<OpKind>(call.kind);
-  // Bounded: a peer's bytes need not end in a terminator.
-  const std::string name =
-      call.name[0]
-          ? " '" +
-                std::string(call.name, strnlen(call.name, sizeof(call.name))) +
-                "'"
-          : std::string();
-  const std::string backend(
-      call.backend, strnlen(call.backend, sizeof(call.backend)));
-  TORCH_CHECK(
-      kind != OpKind::Broadcast || call.root < 0 ||
-          call.root >= static_cast<int>(all.size()) || !joined[call.root],
-      "ronde: broadcast",
-      name,
-      " from rank ",
-      call.root,
-      ", which is in ronde::join(): a joined rank has nothing to send");
-  TORCH_CHECK(
-      call.backend[0] == '\0',
-      "ronde: ",
-      to_string(kind),
-      name,
-      " on ",
-      backend,
-      " while a rank is in ronde::join(): joined ranks answer host "
-      "collectives only");
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (!joined[r])
-      continue;
-    all[r] = call;
-    all[r].error[0] = '\0';
-    if (ragged(kind) && all[r].ndim > 0)
-      all[r].dims[0] = 0;
-  }
-}
-
-// Exchanges the full descriptors and throws the same c10::Error on every
-// rank if they disagree or any rank reported a problem with its input.
-std::vector<Descriptor> exchange_descriptors(
-    Communicator& comm,
-    const Group& g,
-    const Descriptor& mine,
-    const std::vector<char>& joined) {
-  const int n = comm.size();
-  std::vector<Descriptor> all(n);
-  auto in = at::from_blob(
-      const_cast<Descriptor*>(&mine), {sizeof(Descriptor)}, at::kByte);
-  auto out = at::from_blob(
-      all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
-  comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
-  if (!joined.empty())
-    stand_in_for_joined(all, joined);
-  if (g.is_global()) {
-    check_descriptors(all, comm.rank());
-    return all;
-  }
-  try {
-    check_descriptors(all, comm.rank());
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(
-        false,
-        e.msg(),
-        " [",
-        g.label().substr(1),
-        "; ranks there are numbered within the set]");
-  }
-  return all;
-}
-
-// The check of a call in (usually) one exchange: every rank sends a frame of
-// the same size (descriptor.h) with its descriptor's fingerprint and, when
-// it fits, its payload. Every rank then sees the same frames and takes the
-// same decision: when every fingerprint is equal and was verified in full
-// before, the call is checked; otherwise (a first call, a mismatch, a
-// complaint) the full descriptors follow and check_descriptors() throws or
-// passes on every rank alike, which verifies the fingerprint for next time.
-// A mismatch thus still fails on every rank; a call seen before costs one
-// exchange, which carries a small collective's data too.
-Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
-  const int n = comm.size();
-  // Over shared memory a round trip costs about what copying the frames
-  // does (measured: 4 KiB inline was slower than a header and the
-  // all-reduce): frames carry only their header there. The host backend is
-  // the job's, so every rank sizes frames alike.
-  const bool carry = std::strcmp(comm.backend(), "shm") != 0;
-  const size_t cap = carry ? inline_capacity(n) : 0;
-  const size_t frame = sizeof(FrameHeader) + cap;
-  const uint64_t fp = fingerprint(call.desc);
-  FrameHeader head;
-  head.fingerprint = fp;
-  head.dim0 = call.desc.ndim > 0 ? call.desc.dims[0] : 0;
-  if (call.desc.error[0] != '\0')
-    head.flags |= kFrameComplaint;
-  if (!g.verified_calls.count(fp))
-    head.flags |= kFrameUnverified;
-  if (call.kind == OpKind::Join)
-    head.flags |= kFrameJoined;
-  const at::Tensor& p = call.payload;
-  const size_t payload_bytes = p.defined() ? p.nbytes() : 0;
-  const bool send_inline = p.defined() && payload_bytes <= cap;
-  if (send_inline) {
-    head.flags |= kFrameInline;
-    head.inline_bytes = static_cast<int64_t>(payload_bytes);
-  }
-  // This thread's buffers, reused: the body reads the payloads before the
-  // next job can run on this thread.
-  thread_local std::vector<uint8_t> mine_buf, frames_buf;
-  mine_buf.assign(frame, 0);
-  frames_buf.resize(frame * n);
-  std::memcpy(mine_buf.data(), &head, sizeof(head));
-  if (send_inline && payload_bytes > 0) {
-    std::memcpy(mine_buf.data() + sizeof(head), p.data_ptr(), payload_bytes);
-  }
-  at::Tensor mine = at::from_blob(
-      mine_buf.data(), {static_cast<int64_t>(frame)}, at::kByte);
-  at::Tensor frames = at::from_blob(
-      frames_buf.data(), {static_cast<int64_t>(frame) * n}, at::kByte);
-  comm.allgather(mine, frames, std::vector<size_t>(n, frame));
-  const uint8_t* base = frames_buf.data();
-  std::vector<FrameHeader> heads(n);
-  std::vector<char> joined(n, 0);
-  int joined_count = 0;
-  bool settled = true;
-  bool all_inline = true;
-  for (int r = 0; r < n; ++r) {
-    std::memcpy(&heads[r], base + r * frame, sizeof(FrameHeader));
-    TORCH_INTERNAL_ASSERT(
-        heads[r].magic == kDescriptorMagic,
-        "ronde: corrupt collective frame from rank ",
-        r);
-    joined[r] = (heads[r].flags & kFrameJoined) != 0;
-    joined_count += joined[r];
-    settled = settled && heads[r].fingerprint == heads[0].fingerprint &&
-              (heads[r].flags &
-               (kFrameComplaint | kFrameUnverified | kFrameJoined)) == 0;
-    all_inline = all_inline && (heads[r].flags & kFrameInline) &&
-        heads[r].inline_bytes >= 0 &&
-        static_cast<size_t>(heads[r].inline_bytes) <= cap;
-  }
-  Exchanged ex;
-  // Who joined since the last checked call: the highest of them is the
-  // last to have joined (every rank sees the same frames).
-  if (joined_count > 0) {
-    for (int r = 0; r < n; ++r) {
-      if (joined[r] && (g.joined.empty() || !g.joined[r]))
-        g.last_joined = r;
-    }
-  }
-  if (joined_count == n) {
-    // Every rank is in ronde::join(): it is over, here and everywhere.
-    ex.all_joined = true;
-    ex.last_joined = g.last_joined;
-    g.joined.clear();
-    g.last_joined = -1;
-    return ex;
-  }
-  if (joined_count > 0) {
-    g.joined = joined;
-    ex.joined = joined;
-    ex.joined_count = joined_count;
-  } else {
-    g.joined.clear();
-    g.last_joined = -1;
-  }
-  if (settled) {
-    // Every rank made the same call as this one but for a ragged dim 0.
-    ex.all.assign(n, call.desc);
-    for (int r = 0; r < n; ++r) {
-      if (call.desc.ndim > 0)
-        ex.all[r].dims[0] = heads[r].dim0;
-    }
-  } else {
-    ex.all = exchange_descriptors(comm, g, call.desc, ex.joined);
-    if (g.verified_calls.size() >= 4096)
-      g.verified_calls.clear();  // on every rank alike, at the same call
-    // The agreed call's, also on a joined rank: every rank's set stays the
-    // same.
-    g.verified_calls.insert(fingerprint(ex.all[comm.rank()]));
-  }
-  if (all_inline) {
-    uint8_t* bytes = frames_buf.data();
-    for (int r = 0; r < n; ++r) {
-      ex.payloads.push_back(bytes + r * frame + sizeof(FrameHeader));
-      ex.payload_bytes.push_back(static_cast<size_t>(heads[r].inline_bytes));
-    }
-  }
-  return ex;
-}
 
 // Stream order between the caller and the job, for a call on device tensors.
 struct Fence {
@@ -342,7 +141,7 @@ Handle submit(
         // While a member is in ronde::join(), every call is checked: the
         // frames tell it what to answer. Decided here, when the job runs,
         // from what the last check showed: the same on every rank.
-        if (call.verify || !call.group->joined.empty()) {
+        if (call.verify || call.group->join.anyone()) {
           guarded(
               comm, call, [&] { ex = check_call(comm, *call.group, call); });
         }

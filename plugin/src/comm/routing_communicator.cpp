@@ -31,6 +31,9 @@ class RoutingCommunicator final : public Communicator {
   const char* backend_for(const at::Tensor& t) const override {
     return on_device(t) ? "nccl" : host_->backend();
   }
+  bool prefers_inline_payloads() const override {
+    return host_->prefers_inline_payloads();  // the check is a host call
+  }
   int rank() const override {
     return host_->rank();
   }

@@ -5,6 +5,7 @@
 // reaches into the runtime: what it needs from there is handed in here.
 #pragma once
 
+#include "comm/call_check.h"
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 
@@ -16,7 +17,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 namespace ronde::detail {
@@ -36,16 +36,9 @@ struct Group {
   // Null on ranks outside the set, and once removed.
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<CommWorker> worker;  // runs on `comm`: destroyed first
-  // The fingerprints of calls whose descriptors every member checked in
-  // full (comm/jobs.cpp). Touched only by the set's running job, one at a
-  // time; every member adds the same ones in the same order.
-  std::unordered_set<uint64_t> verified_calls;
-  // Join (ronde::join()), as the last checked call's frames showed it, the
-  // same on every member; touched only by the set's running job. While
-  // some but not all members have joined (`joined` not empty), every call
-  // is checked, so that the joined ones learn what to answer.
-  std::vector<char> joined;  // by set rank; empty: nobody
-  int last_joined = -1;      // the set rank that joined last so far
+  // What the call check (comm/call_check.h) keeps between the set's calls.
+  VerifiedCalls verified_calls;
+  JoinState join;
 
   bool is_global() const {
     return id == 0;

@@ -1,0 +1,277 @@
+// The call check: before a collective's body runs, every member learns that
+// every other made the same call, in (usually) one exchange of fixed-size
+// frames. See README.md, "Collectives" (what is checked, what a mismatch
+// says) and "Uneven inputs: join" (what a joined member's frame tells).
+//
+// Every rank sends a frame of the same size (descriptor.h) with its
+// descriptor's fingerprint and, when it fits, its payload. Every rank then
+// sees the same frames and takes the same decision: when every fingerprint
+// is equal and was verified in full before, the call is checked; otherwise
+// (a first call, a mismatch, a complaint, a joined member) the full
+// descriptors follow and check_descriptors() throws or passes on every rank
+// alike, which verifies the fingerprint for next time. A mismatch thus
+// still fails on every rank; a call seen before costs one exchange, which
+// carries a small collective's data too.
+#include "comm/call_check.h"
+
+#include "comm/jobs.h"
+#include "comm/world.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <string>
+
+namespace ronde::detail {
+
+void VerifiedCalls::add(uint64_t fingerprint) {
+  if (fingerprints_.size() >= kMaxVerifiedCalls)
+    fingerprints_.clear();  // on every member alike, at the same call
+  fingerprints_.insert(fingerprint);
+}
+
+namespace {
+
+// The frames of one check, as every rank read them: the same everywhere.
+struct Frames {
+  uint8_t* base = nullptr;  // one frame per rank, in rank order
+  size_t size = 0;          // of each frame
+  std::vector<FrameHeader> heads;
+  std::vector<char> joined;  // by set rank
+  int joined_count = 0;
+  // The same verified call everywhere, with no complaint and nobody joined.
+  bool settled = true;
+  // Every frame carries its rank's payload.
+  bool all_inline = true;
+};
+
+// The payload bytes this job's frames carry: none where a round trip costs
+// about what copying the frames does. Every rank's host backend is the
+// same, so every rank sizes frames alike.
+size_t payload_capacity(const Communicator& comm) {
+  return comm.prefers_inline_payloads() ? inline_capacity(comm.size()) : 0;
+}
+
+FrameHeader header_of(
+    const Call& call, const VerifiedCalls& verified, size_t cap) {
+  FrameHeader head;
+  head.fingerprint = fingerprint(call.desc);
+  head.dim0 = call.desc.ndim > 0 ? call.desc.dims[0] : 0;
+  if (call.desc.error[0] != '\0')
+    head.flags |= kFrameComplaint;
+  if (!verified.contains(head.fingerprint))
+    head.flags |= kFrameUnverified;
+  if (call.kind == OpKind::Join)
+    head.flags |= kFrameJoined;
+  const at::Tensor& p = call.payload;
+  if (p.defined() && p.nbytes() <= cap) {
+    head.flags |= kFrameInline;
+    head.inline_bytes = static_cast<int64_t>(p.nbytes());
+  }
+  return head;
+}
+
+Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
+  Frames f;
+  f.base = base;
+  f.size = size;
+  f.heads.resize(n);
+  f.joined.assign(n, 0);
+  for (int r = 0; r < n; ++r) {
+    const FrameHeader& h = f.heads[r] = decode_frame_header(base + r * size, r);
+    f.joined[r] = (h.flags & kFrameJoined) != 0;
+    f.joined_count += f.joined[r];
+    f.settled = f.settled && h.fingerprint == f.heads[0].fingerprint &&
+        (h.flags & (kFrameComplaint | kFrameUnverified | kFrameJoined)) == 0;
+    f.all_inline = f.all_inline && (h.flags & kFrameInline) &&
+        h.inline_bytes >= 0 && static_cast<size_t>(h.inline_bytes) <= cap;
+  }
+  return f;
+}
+
+// Sends this rank's frame and receives every rank's.
+Frames exchange_frames(
+    Communicator& comm,
+    const FrameHeader& head,
+    const at::Tensor& payload,
+    size_t cap) {
+  const int n = comm.size();
+  const size_t size = sizeof(FrameHeader) + cap;
+  // This thread's buffers, reused: the body reads the payloads before the
+  // next job can run on this thread.
+  thread_local std::vector<uint8_t> mine_buf, frames_buf;
+  mine_buf.resize(size);
+  frames_buf.resize(size * n);
+  const bool carried = (head.flags & kFrameInline) && head.inline_bytes > 0;
+  encode_frame(
+      head, carried ? payload.data_ptr() : nullptr, mine_buf.data(), size);
+  at::Tensor mine = at::from_blob(
+      mine_buf.data(), {static_cast<int64_t>(size)}, at::kByte);
+  at::Tensor frames = at::from_blob(
+      frames_buf.data(), {static_cast<int64_t>(size) * n}, at::kByte);
+  comm.allgather(mine, frames, std::vector<size_t>(n, size));
+  return read_frames(frames_buf.data(), n, size, cap);
+}
+
+// Records who joined since the last checked call (the highest of them is
+// the last to have joined: every rank sees the same frames) and tells the
+// body. Returns true when every rank is in ronde::join(): it is over, here
+// and everywhere.
+bool track_join(JoinState& state, const Frames& f, Exchanged& ex) {
+  const int n = static_cast<int>(f.joined.size());
+  if (f.joined_count > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (f.joined[r] && (!state.anyone() || !state.joined[r]))
+        state.last_joined = r;
+    }
+  }
+  if (f.joined_count == n) {
+    ex.all_joined = true;
+    ex.last_joined = state.last_joined;
+    state = JoinState();
+    return true;
+  }
+  if (f.joined_count > 0) {
+    state.joined = f.joined;
+    ex.joined = f.joined;
+    ex.joined_count = f.joined_count;
+  } else {
+    state = JoinState();
+  }
+  return false;
+}
+
+// The descriptors of ranks in ronde::join() become the call the others
+// made (the first of them, which check_descriptors() then holds the rest
+// to), with no complaint and, where ranks may differ there, dim 0 zero:
+// every body then runs on a joined rank as on the others, with an input
+// that changes nothing. Fails alike on every rank for a call that a joined
+// rank cannot answer.
+void stand_in_for_joined(
+    std::vector<Descriptor>& all, const std::vector<char>& joined) {
+  int active = -1;
+  for (size_t r = 0; r < all.size() && active < 0; ++r) {
+    if (!joined[r])
+      active = static_cast<int>(r);
+  }
+  const Descriptor& call = all[active];
+  const auto kind = static_cast<OpKind>(call.kind);
+  // Bounded: a peer's bytes need not end in a terminator.
+  const std::string name =
+      call.name[0]
+          ? " '" +
+                std::string(call.name, strnlen(call.name, sizeof(call.name))) +
+                "'"
+          : std::string();
+  const std::string backend(
+      call.backend, strnlen(call.backend, sizeof(call.backend)));
+  TORCH_CHECK(
+      kind != OpKind::Broadcast || call.root < 0 ||
+          call.root >= static_cast<int>(all.size()) || !joined[call.root],
+      "ronde: broadcast",
+      name,
+      " from rank ",
+      call.root,
+      ", which is in ronde::join(): a joined rank has nothing to send");
+  TORCH_CHECK(
+      call.backend[0] == '\0',
+      "ronde: ",
+      to_string(kind),
+      name,
+      " on ",
+      backend,
+      " while a rank is in ronde::join(): joined ranks answer host "
+      "collectives only");
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!joined[r])
+      continue;
+    all[r] = call;
+    all[r].error[0] = '\0';
+    if (ragged(kind) && all[r].ndim > 0)
+      all[r].dims[0] = 0;
+  }
+}
+
+// Exchanges the full descriptors and throws the same c10::Error on every
+// rank if they disagree or any rank reported a problem with its input.
+std::vector<Descriptor> exchange_descriptors(
+    Communicator& comm,
+    const Group& g,
+    const Descriptor& mine,
+    const std::vector<char>& joined) {
+  const int n = comm.size();
+  std::vector<Descriptor> all(n);
+  auto in = at::from_blob(
+      const_cast<Descriptor*>(&mine), {sizeof(Descriptor)}, at::kByte);
+  auto out = at::from_blob(
+      all.data(), {static_cast<int64_t>(n * sizeof(Descriptor))}, at::kByte);
+  comm.allgather(in, out, std::vector<size_t>(n, sizeof(Descriptor)));
+  if (!joined.empty())
+    stand_in_for_joined(all, joined);
+  if (g.is_global()) {
+    check_descriptors(all, comm.rank());
+    return all;
+  }
+  try {
+    check_descriptors(all, comm.rank());
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(
+        false,
+        e.msg(),
+        " [",
+        g.label().substr(1),
+        "; ranks there are numbered within the set]");
+  }
+  return all;
+}
+
+// Every rank's descriptor into `ex.all`: from the frames when they settle
+// the call, else from the full exchange, which verifies the call.
+void agree_on_descriptors(
+    Communicator& comm,
+    Group& g,
+    const Call& call,
+    const Frames& f,
+    Exchanged& ex) {
+  const int n = comm.size();
+  if (f.settled) {
+    // Every rank made the same call as this one but for a ragged dim 0.
+    ex.all.assign(n, call.desc);
+    for (int r = 0; r < n; ++r) {
+      if (call.desc.ndim > 0)
+        ex.all[r].dims[0] = f.heads[r].dim0;
+    }
+    return;
+  }
+  ex.all = exchange_descriptors(comm, g, call.desc, ex.joined);
+  // The agreed call's, also on a joined rank: every rank's set stays the
+  // same.
+  g.verified_calls.add(fingerprint(ex.all[comm.rank()]));
+}
+
+// Hands the body every rank's payload when every frame carried one.
+void take_inline_payloads(const Frames& f, Exchanged& ex) {
+  if (!f.all_inline)
+    return;
+  for (size_t r = 0; r < f.heads.size(); ++r) {
+    ex.payloads.push_back(frame_payload(f.base + r * f.size));
+    ex.payload_bytes.push_back(static_cast<size_t>(f.heads[r].inline_bytes));
+  }
+}
+
+}  // namespace
+
+Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
+  const size_t cap = payload_capacity(comm);
+  const FrameHeader head = header_of(call, g.verified_calls, cap);
+  const Frames frames = exchange_frames(comm, head, call.payload, cap);
+  Exchanged ex;
+  if (track_join(g.join, frames, ex))
+    return ex;
+  agree_on_descriptors(comm, g, call, frames, ex);
+  take_inline_payloads(frames, ex);
+  return ex;
+}
+
+}  // namespace ronde::detail
