@@ -1,0 +1,66 @@
+// The collectives' bodies (comm/collective_bodies.cpp), shared by the
+// public collectives (comm/collectives.cpp) and by a rank in ronde::join()
+// (comm/join.cpp): one body per collective, whoever runs it. Each runs in a
+// job, after the call check, and reports a backend failure through
+// guarded() (comm/jobs.h).
+#pragma once
+
+#include "comm/jobs.h"
+
+#include <ronde/collectives.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace ronde::detail {
+
+// An all-reduce of `work` in place: from the check's frames when they
+// carried every input, else on the backend; scaled and averaged (over the
+// ranks not in ronde::join()).
+void allreduce_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& work,
+    ReduceOp op,
+    double pre,
+    double post);
+
+// `root`'s `work` into every rank's `work`.
+void broadcast_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& work,
+    int root);
+
+// Every rank's rows of `in` (dim 0 as each rank's descriptor says),
+// concatenated in rank order.
+at::Tensor allgather_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in);
+
+// Sends splits[r] rows of `in` to rank r; returns what came, and in `recv`
+// how many rows from each rank.
+at::Tensor alltoall_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in,
+    const std::vector<int64_t>& splits,
+    std::vector<int64_t>& recv);
+
+// `in` prescaled already; returns this rank's block of the reduction.
+at::Tensor reducescatter_work(
+    Communicator& comm,
+    const Exchanged& ex,
+    const Call& c,
+    const at::Tensor& in,
+    ReduceOp op,
+    double post);
+
+}  // namespace ronde::detail
