@@ -9,6 +9,7 @@
 #include <ronde/gradient_reducer.h>
 #include <ronde/metrics.h>
 #include <ronde/optimizer.h>
+#include <ronde/optimizer_options.h>
 #include <ronde/process_set.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>

@@ -2,7 +2,7 @@
 // sizes to try, how long each trial lasts, and which one wins. Pure
 // arithmetic, unit tested apart from the engine. The engine feeds it one
 // step time per step and, at each trial's end, makes every rank adopt rank
-// 0's proposal (gradient_engine.cpp), so ranks never split on local timing.
+// 0's proposal (relayout.cpp), so ranks never split on local timing.
 #pragma once
 
 #include <cstddef>

@@ -49,6 +49,11 @@ BucketLayout make_layout(
     size_t first_cap,
     size_t cap);
 
+// Bucket sizes are set in MiB (options, autotune) and laid out in bytes.
+inline size_t mib_bytes(double mb) {
+  return static_cast<size_t>(mb * (1 << 20));
+}
+
 // Reverse registration order: what backward produces first comes last in a
 // model's parameter list.
 std::vector<size_t> reverse_order(size_t n);

@@ -110,7 +110,8 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void reset_locked();
   // Every bucket waiting for all its gradients, none launched.
   void reset_buckets_locked();
-  // Between steps: the first step's rebuild and autotune's switches.
+  // Between steps (relayout.cpp): the first step's rebuild and autotune's
+  // switches.
   void after_step_locked();
   // The observed ready order of the first step, rank 0's on every rank.
   std::vector<size_t> agreed_order_locked();

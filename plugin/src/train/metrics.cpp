@@ -1,18 +1,17 @@
+// TrainingMonitor: per-step and per-epoch figures, reduced over ranks in one
+// small allgather, printed as a progress line and written as JSON lines. The
+// resource figures are sampled in resources.cpp.
 #include <ronde/collectives.h>
 #include <ronde/metrics.h>
 #include <ronde/runtime.h>
 
 #include "runtime/json_text.h"
+#include "runtime/posix_io.h"
 #include "runtime/settings.h"
+#include "train/resources.h"
 
 #include <ATen/ATen.h>
-#include <ATen/DeviceAccelerator.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/util/Exception.h>
-
-#include <sys/resource.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -47,56 +46,6 @@ std::string fixed(double v, int digits) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
-}
-
-constexpr double kMiB = 1024.0 * 1024.0;
-
-double process_cpu_seconds() {
-  timespec ts{};
-  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0)
-    return 0;
-  return static_cast<double>(ts.tv_sec) +
-         1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// Resident set size from /proc/self/statm (pages); 0 where there is none.
-double rss_mb() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr)
-    return 0;
-  unsigned long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
-  std::fclose(f);
-  if (n != 2)
-    return 0;
-  return static_cast<double>(resident) *
-         static_cast<double>(sysconf(_SC_PAGESIZE)) / kMiB;
-}
-
-double peak_rss_mb() {
-  rusage u{};
-  if (getrusage(RUSAGE_SELF, &u) != 0)
-    return 0;
-  return static_cast<double>(u.ru_maxrss) * 1024.0 / kMiB;  // KiB on Linux
-}
-
-// The caching allocator's figures for the current CUDA device, only where
-// this process already made the device's context: asking would otherwise
-// create one (hundreds of MiB) in a job that never uses the GPU.
-bool cuda_memory_mb(double& allocated, double& reserved) {
-  const auto accelerator = at::accelerator::getAccelerator(false);
-  if (!accelerator || *accelerator != c10::DeviceType::CUDA ||
-      !at::detail::getCUDAHooks().hasCUDA())
-    return false;
-  const c10::DeviceIndex device = at::accelerator::getDeviceIndex();
-  if (device < 0 || !at::detail::getCUDAHooks().hasPrimaryContext(device))
-    return false;
-  const auto stats = at::accelerator::getDeviceStats(device);
-  const auto all =
-      static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  allocated = static_cast<double>(stats.allocated_bytes[all].current) / kMiB;
-  reserved = static_cast<double>(stats.reserved_bytes[all].current) / kMiB;
-  return true;
 }
 
 // " cpu 98%  rss 412 MiB" and the rest, for a progress line.
@@ -170,7 +119,7 @@ TrainingMonitor::TrainingMonitor(MonitorOptions options, std::ostream& out)
           " cannot open the metrics file '",
           path,
           "': ",
-          std::strerror(errno));
+          detail::errno_text());
     }
   }
 }
@@ -226,7 +175,7 @@ void TrainingMonitor::start_epoch(int64_t epoch, int64_t steps_done) {
 
 void TrainingMonitor::open(Window& w) {
   w = Window();
-  w.cpu_start = process_cpu_seconds();
+  w.cpu_start = detail::process_cpu_seconds();
   w.wall_start = Clock::now();
 }
 
@@ -235,7 +184,7 @@ TrainingMonitor::Reduced TrainingMonitor::reduce(const Window& w) const {
   const double wall =
       std::chrono::duration<double>(Clock::now() - w.wall_start).count();
   double cuda_allocated = 0, cuda_reserved = 0;
-  const bool cuda = cuda_memory_mb(cuda_allocated, cuda_reserved);
+  const bool cuda = detail::cuda_memory_mb(cuda_allocated, cuda_reserved);
   enum Column {
     kLoss,
     kSteps,
@@ -256,12 +205,13 @@ TrainingMonitor::Reduced TrainingMonitor::reduce(const Window& w) const {
   mine[kSamples] = static_cast<double>(w.samples);
   mine[kWait] = w.wait_seconds;
   mine[kSeconds] = w.seconds;
-  mine[kCpu] =
-      wall > 0 ? 100.0 * (process_cpu_seconds() - w.cpu_start) / wall : 0;
-  mine[kRss] = rss_mb();
+  mine[kCpu] = wall > 0
+      ? 100.0 * (detail::process_cpu_seconds() - w.cpu_start) / wall
+      : 0;
+  mine[kRss] = detail::rss_mb();
   // The kernel's high-water mark trails the resident size by a page
   // accounting batch; never report a peak below the present.
-  mine[kPeak] = std::max(peak_rss_mb(), mine[kRss]);
+  mine[kPeak] = std::max(detail::peak_rss_mb(), mine[kRss]);
   mine[kCuda] = cuda ? 1 : 0;
   mine[kCudaAllocated] = cuda_allocated;
   mine[kCudaReserved] = cuda_reserved;
