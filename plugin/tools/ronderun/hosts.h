@@ -26,7 +26,8 @@ std::string parse_host_list(
 
 // One host per line, 'host slots=N' or 'host:N', '#' starting a comment.
 // Returns an error, or "".
-std::string read_hostfile(const std::string& path, std::vector<HostSlots>& hosts);
+std::string read_hostfile(
+    const std::string& path, std::vector<HostSlots>& hosts);
 
 // Hosts started without the remote-command template.
 bool is_local_host(const std::string& host);
