@@ -55,7 +55,7 @@ Options parsed(std::initializer_list<const char*> args) {
 }
 
 // A private directory per test, removed with what it holds.
-class TempDir : public ::testing::Test {
+class RonderunFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     char name[] = "/tmp/ronderun_units.XXXXXX";
@@ -218,7 +218,7 @@ TEST(RonderunHosts, RefusesBadHostListsWithTheirMessage) {
   EXPECT_TRUE(hosts.empty());
 }
 
-TEST_F(TempDir, ReadsHostfiles) {
+TEST_F(RonderunFiles, ReadsHostfiles) {
   const std::string path = write(
       "hosts", "# the cluster\nnode1 slots=2\n\n  node2:3   # fast\nnode3\n");
   std::vector<HostSlots> hosts;
@@ -234,7 +234,7 @@ TEST_F(TempDir, ReadsHostfiles) {
   EXPECT_EQ(o.num_ranks, 6);
 }
 
-TEST_F(TempDir, RefusesBadHostfilesWithTheirMessage) {
+TEST_F(RonderunFiles, RefusesBadHostfilesWithTheirMessage) {
   std::vector<HostSlots> hosts;
   const std::string missing = dir_ + "/none";
   EXPECT_EQ(
@@ -446,7 +446,7 @@ TEST(RonderunRankEnv, StartsOtherHostsRanksThroughTheTemplate) {
 
 // --- the job secret ---------------------------------------------------------
 
-TEST_F(TempDir, MakesAPrivateSecretAndRemovesIt) {
+TEST_F(RonderunFiles, MakesAPrivateSecretAndRemovesIt) {
   std::string file;
   {
     JobSecret secret;
@@ -472,7 +472,7 @@ TEST_F(TempDir, MakesAPrivateSecretAndRemovesIt) {
   EXPECT_NE(access(file.substr(0, file.rfind('/')).c_str(), F_OK), 0);
 }
 
-TEST_F(TempDir, UsesAGivenSecretAndReadsItOnlyForOtherHosts) {
+TEST_F(RonderunFiles, UsesAGivenSecretAndReadsItOnlyForOtherHosts) {
   const std::string path = write("given", "0123456789abcdef0123\n");
   JobSecret local;
   EXPECT_EQ(local.prepare(path.c_str(), false, nullptr), "");
@@ -490,7 +490,7 @@ TEST_F(TempDir, UsesAGivenSecretAndReadsItOnlyForOtherHosts) {
   EXPECT_EQ(fits.bytes().size(), 4096u);
 }
 
-TEST_F(TempDir, RefusesGivenSecretsItCannotHandOn) {
+TEST_F(RonderunFiles, RefusesGivenSecretsItCannotHandOn) {
   const std::string big = write("big", std::string(kMaxSecretBytes + 1, 'k'));
   JobSecret secret;
   EXPECT_EQ(
@@ -592,7 +592,7 @@ TEST(RonderunExitStatus, ReadsTheKillGrace) {
 
 // --- the timeline directory -------------------------------------------------
 
-TEST_F(TempDir, PreparesTheTimelineDirectory) {
+TEST_F(RonderunFiles, PreparesTheTimelineDirectory) {
   const std::string dir = dir_ + "/tl";
   EXPECT_EQ(timeline_file(dir, 3), dir + "/timeline.3.json");
   EXPECT_EQ(prepare_timeline_dir(dir, 2), "");
