@@ -2,10 +2,12 @@
 // store values.
 #include "runtime/auth.h"
 
+#include "runtime/launch_contract.h"
+#include "runtime/posix_io.h"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,9 +23,9 @@ namespace {
 constexpr char kSealMagic[3] = {'R', 'S', '1'};
 constexpr size_t kSealHeader = sizeof(kSealMagic) + 4 + 8;
 constexpr size_t kTagBytes = 32;
-// A secret or key file is a few dozen bytes; anything this big is a
-// mistake (a wrong path), not a key. ronderun hands on at most as much.
-constexpr size_t kMaxPrivateFileBytes = 4096;
+// A secret or key file is a few dozen bytes; anything bigger than the
+// launch contract's limit is a mistake (a wrong path), not a key.
+constexpr size_t kMaxPrivateFileBytes = kMaxSecretBytes;
 
 void put_u32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i)
@@ -105,7 +107,9 @@ std::string read_private_file(
     bytes.append(buf, static_cast<size_t>(n));
     if (bytes.size() > kMaxPrivateFileBytes) {
       ::close(fd);
-      throw fail("is larger than 4096 bytes: not a key");
+      throw fail(
+          "is larger than " + std::to_string(kMaxPrivateFileBytes) +
+          " bytes: not a key");
     }
   }
   ::close(fd);
@@ -122,25 +126,17 @@ std::string read_private_file(
   return bytes;
 }
 
+// The kernel's generator, as ronderun's job secret uses (posix_io.h).
 std::string random_bytes(size_t n) {
   std::string out(n, '\0');
-  if (n > 0 && RAND_bytes(
-                   reinterpret_cast<unsigned char*>(out.data()),
-                   static_cast<int>(n)) != 1) {
+  if (n > 0 && !read_urandom(out.data(), n)) {
     throw std::runtime_error("the system's random generator failed");
   }
   return out;
 }
 
 std::string to_hex(const std::string& bytes) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 0xf]);
-  }
-  return out;
+  return hex_text(bytes.data(), bytes.size());
 }
 
 std::optional<std::string> from_hex(const std::string& hex) {

@@ -3,6 +3,8 @@
 // provides is validated so a bad launch fails at start-up with its name.
 #include "runtime/launch_env.h"
 
+#include "runtime/launch_contract.h"
+
 #include <c10/util/Exception.h>
 
 #include <charconv>
@@ -143,8 +145,9 @@ void validate(
         info.size,
         " (",
         info.source,
-        " launch) has no rendezvous address: set "
-        "RONDE_RENDEZVOUS_ADDR or MASTER_ADDR");
+        " launch) has no rendezvous address: set ",
+        kRendezvousAddrVar,
+        " or MASTER_ADDR");
     TORCH_CHECK(
         info.port > 0,
         "ronde: rank ",
@@ -153,8 +156,9 @@ void validate(
         info.size,
         " (",
         info.source,
-        " launch) has no rendezvous port: set RONDE_RENDEZVOUS_PORT "
-        "or MASTER_PORT");
+        " launch) has no rendezvous port: set ",
+        kRendezvousPortVar,
+        " or MASTER_PORT");
   }
 }
 
@@ -168,9 +172,9 @@ void derive_cross(LaunchInfo& info) {
 }
 
 void read_address(const Reader& r, LaunchInfo& info) {
-  info.addr = r.str("RONDE_RENDEZVOUS_ADDR")
+  info.addr = r.str(kRendezvousAddrVar)
                   .value_or(r.str("MASTER_ADDR").value_or(""));
-  if (auto p = r.num("RONDE_RENDEZVOUS_PORT", 1, 65535)) {
+  if (auto p = r.num(kRendezvousPortVar, 1, 65535)) {
     info.port = *p;
   } else if (auto mp = r.num("MASTER_PORT", 1, 65535)) {
     info.port = *mp;
@@ -182,22 +186,22 @@ void read_address(const Reader& r, LaunchInfo& info) {
 LaunchInfo parse_launch_env(const EnvLookup& env) {
   Reader r{env};
   LaunchInfo info;
-  if (r.str("RONDE_RANK") || r.str("RONDE_SIZE")) {
+  if (r.str(kRankVar) || r.str(kSizeVar)) {
     info.source = "ronde";
-    info.size = r.required("RONDE_SIZE", 1, kMaxRanks, "ronde");
-    info.rank = r.required("RONDE_RANK", 0, kMaxRanks, "ronde");
+    info.size = r.required(kSizeVar, 1, kMaxRanks, "ronde");
+    info.rank = r.required(kRankVar, 0, kMaxRanks, "ronde");
     info.local_rank =
-        r.num("RONDE_LOCAL_RANK", 0, kMaxRanks).value_or(info.rank);
+        r.num(kLocalRankVar, 0, kMaxRanks).value_or(info.rank);
     info.local_size =
-        r.num("RONDE_LOCAL_SIZE", 1, kMaxRanks).value_or(info.size);
+        r.num(kLocalSizeVar, 1, kMaxRanks).value_or(info.size);
     derive_cross(info);
     info.cross_rank =
-        r.num("RONDE_CROSS_RANK", 0, kMaxRanks).value_or(info.cross_rank);
+        r.num(kCrossRankVar, 0, kMaxRanks).value_or(info.cross_rank);
     info.cross_size =
-        r.num("RONDE_CROSS_SIZE", 1, kMaxRanks).value_or(info.cross_size);
+        r.num(kCrossSizeVar, 1, kMaxRanks).value_or(info.cross_size);
     read_address(r, info);
-    info.job_id = r.str("RONDE_JOB_ID").value_or("default");
-    validate(info, "RONDE_RANK", "RONDE_SIZE");
+    info.job_id = r.str(kJobIdVar).value_or("default");
+    validate(info, kRankVar, kSizeVar);
   } else if (r.str("RANK") || r.str("WORLD_SIZE")) {
     info.source = "torchrun";
     info.size = r.required("WORLD_SIZE", 1, kMaxRanks, "torchrun");
@@ -209,14 +213,14 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
         r.num("GROUP_RANK", 0, kMaxRanks).value_or(info.cross_rank);
     read_address(r, info);
     info.job_id =
-        r.str("RONDE_JOB_ID")
+        r.str(kJobIdVar)
             .value_or(r.str("TORCHELASTIC_RUN_ID").value_or("default"));
     // torchrun's agent hosts its store on MASTER_PORT; after a restart
     // the same store still holds the previous attempt's keys.
     info.store_hosted =
         r.str("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
     if (auto restart = r.str("TORCHELASTIC_RESTART_COUNT");
-        restart && *restart != "0" && !r.str("RONDE_JOB_ID")) {
+        restart && *restart != "0" && !r.str(kJobIdVar)) {
       info.job_id += ".restart" + *restart;
     }
     validate(info, "RANK", "WORLD_SIZE");
@@ -238,7 +242,7 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     auto job = r.str("SLURM_JOB_ID");
     auto step = r.str("SLURM_STEP_ID");
     info.job_id =
-        r.str("RONDE_JOB_ID")
+        r.str(kJobIdVar)
             .value_or(
                 job ? "slurm-" + *job + (step ? "." + *step : "") : "default");
     validate(info, "SLURM_PROCID", "SLURM_NTASKS");
@@ -253,7 +257,7 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     derive_cross(info);
     read_address(r, info);
     info.job_id =
-        r.str("RONDE_JOB_ID")
+        r.str(kJobIdVar)
             .value_or(r.str("OMPI_MCA_ess_base_jobid").value_or("default"));
     validate(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
   }

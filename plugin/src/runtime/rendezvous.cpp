@@ -3,6 +3,7 @@
 #include "runtime/rendezvous.h"
 
 #include "runtime/error_text.h"
+#include "runtime/launch_contract.h"
 #include "runtime/signed_store.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -145,7 +146,8 @@ std::optional<Key32> load_job_key(
       it = secrets
                .emplace(
                    secret_file,
-                   read_private_file(secret_file, "the job secret file", 16))
+                   read_private_file(
+                       secret_file, "the job secret file", kMinJobSecretBytes))
                .first;
     } catch (const std::exception& e) {
       throw rendezvous_error(

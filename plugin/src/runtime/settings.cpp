@@ -1,6 +1,8 @@
 // Settings: the one place that reads ronde's environment variables.
 #include "runtime/settings.h"
 
+#include "runtime/launch_contract.h"
+
 #include <c10/util/Exception.h>
 
 #include <cerrno>
@@ -80,7 +82,7 @@ std::optional<double> positive_env_number(
 
 const std::vector<std::string>& setting_variables() {
   static const std::vector<std::string> names = {
-      "RONDE_TIMEOUT_SECONDS",
+      kTimeoutSecondsVar,
       "RONDE_HOSTNAME",
       "RONDE_SOCKET_IFNAME",
       "GLOO_SOCKET_IFNAME",
@@ -93,7 +95,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_BLOCKING_WAIT",
       "RONDE_STALL_WARNING_SECONDS",
       "RONDE_STALL_SHUTDOWN_SECONDS",
-      "RONDE_TIMELINE",
+      kTimelineVar,
       "USE_LIBUV",
       "RONDE_BUCKET_COPY",
       "RONDE_AUTOTUNE",
@@ -102,7 +104,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_SHM_DIR",
       "RONDE_SHM_CHUNK_BYTES",
       "RONDE_SHM_SPLIT_BYTES",
-      "RONDE_JOB_SECRET_FILE",
+      kJobSecretFileVar,
       "RONDE_CHECKPOINT_KEY_FILE",
   };
   return names;
@@ -111,7 +113,7 @@ const std::vector<std::string>& setting_variables() {
 Settings read_settings(const EnvLookup& env) {
   Settings s;
   s.timeout_seconds =
-      positive_env_number(env, "RONDE_TIMEOUT_SECONDS", "seconds");
+      positive_env_number(env, kTimeoutSecondsVar, "seconds");
   s.hostname = text(env, "RONDE_HOSTNAME");
   for (const char* name : {"RONDE_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
     if (s.socket_ifname.empty()) {
@@ -138,7 +140,7 @@ Settings read_settings(const EnvLookup& env) {
       positive_env_number(env, "RONDE_STALL_WARNING_SECONDS", "seconds");
   s.stall_shutdown_seconds =
       positive_env_number(env, "RONDE_STALL_SHUTDOWN_SECONDS", "seconds");
-  s.timeline = text(env, "RONDE_TIMELINE");
+  s.timeline = text(env, kTimelineVar);
   s.use_libuv = flag(env, "USE_LIBUV").value_or(true);
   const std::string copy = text(env, "RONDE_BUCKET_COPY");
   TORCH_CHECK(
@@ -164,7 +166,7 @@ Settings read_settings(const EnvLookup& env) {
   }
   if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
     s.shm_split_bytes = *split;
-  s.job_secret_file = text(env, "RONDE_JOB_SECRET_FILE");
+  s.job_secret_file = text(env, kJobSecretFileVar);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   return s;
 }

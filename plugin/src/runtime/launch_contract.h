@@ -1,0 +1,39 @@
+// The launch contract: the variables ronderun sets for its ranks and the
+// limits both sides hold to, named once for the launcher (plugin/tools) and
+// the ranks (launch_env, settings, auth). Header-only, no LibTorch.
+#pragma once
+
+#include <cstddef>
+
+namespace ronde::detail {
+
+// The rank's place in the job (parse_launch_env reads them first).
+constexpr char kRankVar[] = "RONDE_RANK";
+constexpr char kSizeVar[] = "RONDE_SIZE";
+constexpr char kLocalRankVar[] = "RONDE_LOCAL_RANK";
+constexpr char kLocalSizeVar[] = "RONDE_LOCAL_SIZE";
+constexpr char kCrossRankVar[] = "RONDE_CROSS_RANK";
+constexpr char kCrossSizeVar[] = "RONDE_CROSS_SIZE";
+
+// Where rank 0 hosts the rendezvous store, and the job it belongs to.
+constexpr char kRendezvousAddrVar[] = "RONDE_RENDEZVOUS_ADDR";
+constexpr char kRendezvousPortVar[] = "RONDE_RENDEZVOUS_PORT";
+constexpr char kJobIdVar[] = "RONDE_JOB_ID";
+
+// Set by --timeout and --timeline; read as settings by every rank.
+constexpr char kTimeoutSecondsVar[] = "RONDE_TIMEOUT_SECONDS";
+constexpr char kTimelineVar[] = "RONDE_TIMELINE";
+// In a RONDE_TIMELINE path, replaced by each rank with its rank.
+constexpr char kRankPlaceholder[] = "{rank}";
+
+// The path of the job secret (docs/security.md); never the secret itself.
+constexpr char kJobSecretFileVar[] = "RONDE_JOB_SECRET_FILE";
+// A secret or key file larger than this is a mistake (a wrong path), not a
+// key: the ranks refuse it, and ronderun hands on no more, which also keeps
+// it within what a pipe holds without a reader.
+constexpr size_t kMaxSecretBytes = 4096;
+// The fewest bytes a job secret may have once trailing whitespace is
+// dropped; ronderun makes 64 (32 random bytes as hex).
+constexpr size_t kMinJobSecretBytes = 16;
+
+}  // namespace ronde::detail

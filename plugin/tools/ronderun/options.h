@@ -1,0 +1,43 @@
+// ronderun's command line: the Options it fills, the usage text, and
+// parse_args, which validates every value and words each refusal.
+#pragma once
+
+#include "hosts.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+
+constexpr int kUsageExitCode = 2;
+constexpr int kFailureExitCode = 1;
+
+// Used when neither --host nor -H says otherwise.
+constexpr const char* kDefaultHost = "127.0.0.1";
+constexpr const char* kDefaultRsh = "ssh -o BatchMode=yes {host}";
+
+extern const char kUsage[];
+
+struct Options {
+  int num_ranks = 0;
+  std::vector<HostSlots> hosts;  // empty: every rank on this host
+  std::string rsh = kDefaultRsh;
+  std::vector<std::string> exports;  // -x
+  bool host_given = false;
+  std::optional<long> timeout_seconds;
+  std::string job_id;
+  int port = 0;
+  std::string host = kDefaultHost;
+  std::string timeline_dir;  // --timeline
+  bool prefix = true;
+  bool verbose = false;
+  bool help = false;
+  std::vector<std::string> command;
+};
+
+// Returns an error message, or an empty string when the arguments are valid
+// (also when -h asked for help: options.help is then set).
+std::string parse_args(int argc, char** argv, Options& options);
+
+}  // namespace ronde::detail
