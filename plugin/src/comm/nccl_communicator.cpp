@@ -590,13 +590,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(
       device.is_cuda() && device.has_index(),
       "ronde: the NCCL backend needs a CUDA device with an index, got ",
       device);
+  const CommGroup& g = group;
   return std::make_unique<NcclCommunicator>(
-      config.store,
-      group.prefix,
-      group.rank,
-      group.size,
-      device,
-      config.timeout);
+      config.store, g.prefix, g.rank, g.size, device, config.timeout);
 }
 
 }  // namespace ronde::detail
