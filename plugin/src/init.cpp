@@ -32,7 +32,7 @@ namespace {
 // the job, the store, and the inspector watching the World's worker.
 struct Runtime {
   LaunchInfo info;
-  std::chrono::milliseconds timeout{30000};
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // Hosted by rank 0; null in a job of one rank.
   c10::intrusive_ptr<c10d::Store> store;
   // Watches for collectives that a rank never submits; null for one rank.
@@ -45,8 +45,6 @@ Runtime* g_runtime = nullptr;
 // Counts init() calls: a process set made under one is not part of the
 // next (World::epoch).
 uint64_t g_epoch = 0;
-
-constexpr double kDefaultTimeoutSeconds = 30.0;
 
 Runtime& runtime(const char* caller) {
   TORCH_CHECK(
@@ -61,88 +59,101 @@ double resolve_timeout(const InitOptions& options, const Settings& s) {
       options.timeout_seconds() == 0,
       "ronde: InitOptions::timeout_seconds must be positive, got ",
       options.timeout_seconds());
-  return s.timeout_seconds.value_or(kDefaultTimeoutSeconds);
+  return s.timeout_seconds.value_or(
+      std::chrono::duration<double>(kDefaultTimeout).count());
 }
 
-std::unique_ptr<World> connect(
-    Runtime& rt, const InitOptions& options, const Settings& settings) {
-  const LaunchInfo& info = rt.info;
+// Step 1 of connect(): what the settings and options say about the
+// communicators, before any rank is met.
+CommConfig comm_config(
+    const Runtime& rt, const InitOptions& options, const Settings& settings) {
   CommConfig config;
-  config.rank = info.rank;
-  config.size = info.size;
   config.timeout = rt.timeout;
-  config.prefix = job_key(info, "");
   config.gloo = GlooModuleConfig{settings.gloo_module, settings.gloo_deepbind};
   config.cuda_backend = settings.cuda_backend;
-  config.shm = ShmConfig{
-      settings.shm,
-      settings.shm_dir,
-      settings.shm_chunk_bytes,
-      settings.shm_split_bytes};
-  load_backends(config);
-  auto w = std::make_unique<World>();
-  w->rank = info.rank;
-  w->size = info.size;
-  w->blocking_wait = settings.blocking_wait;
-  if (info.size > 1) {
-    const std::string secret_file = !options.job_secret_file().empty()
-                                        ? options.job_secret_file()
-                                        : settings.job_secret_file;
-    const std::optional<Key32> job_key = load_job_key(info, secret_file);
-    rt.store = join_store(info, settings, rt.timeout, job_key);
-    config.store = rt.store;
-    PeerInfo mine;
-    mine.host = host_identity();
-    mine.address = advertised_address(options.hostname(), settings, info);
-    mine.local_rank = info.local_rank;
-    mine.local_size = info.local_size;
-    mine.cross_rank = info.cross_rank;
-    mine.cross_size = info.cross_size;
-    mine.launcher = info.source;
-    std::vector<PeerInfo> peers;
-    try {
-      peers = exchange_peers(*rt.store, info, mine, rt.timeout);
-    } catch (const std::exception& e) {
-      throw rendezvous_error(info, "exchanging host facts: " + error_text(e));
-    }
-    check_reachable(peers, info);
-    for (const auto& p : peers)
-      config.hosts.push_back(p.host);
-    if (info.rank == 0 && !job_key && spans_hosts(peers)) {
-      std::cerr << "ronde: warning: job '" << info.job_id
-                << "' spans hosts and is not authenticated: any process "
-                   "that reaches the rendezvous store at "
-                << info.addr << ":" << info.port
-                << " can write values the ranks trust. Give the ranks a "
-                   "job secret (RONDE_JOB_SECRET_FILE; ronderun makes one): "
-                   "see docs/security.md"
-                << std::endl;
-    }
-    config.hostname = mine.address.address;
-    // Where this rank sits is what the host identities show; a launcher
-    // that said otherwise is told once.
-    const Topology topology = derive_topology(config.hosts, info.rank);
-    if (info.rank == 0) {
-      std::string disagreement = topology_disagreement(peers);
-      if (!disagreement.empty())
-        std::cerr << "ronde: warning: " << disagreement << std::endl;
-    }
-    rt.info.local_rank = topology.local_rank;
-    rt.info.local_size = topology.local_size;
-    rt.info.cross_rank = topology.cross_rank;
-    rt.info.cross_size = topology.cross_size;
-    config.hierarchical = settings.hierarchical;
-    config.host_algorithm = !options.gloo_algorithm().empty()
-        ? options.gloo_algorithm()
-        : !settings.gloo_algorithm.empty() ? settings.gloo_algorithm
-                                           : "ring";
-    // The store outlives the World: shutdown() destroys the World first.
-    c10d::Store* store = rt.store.get();
-    w->failed_peers =
-        [store, info, timeout = rt.timeout](const std::vector<int>& among) {
-          return failed_peers(*store, info, timeout, among);
-        };
+  config.shm = ShmConfig{settings.shm, settings.shm_tuning};
+  config.hierarchical = settings.hierarchical;
+  config.gloo_tuning = settings.gloo_tuning;
+  if (!options.gloo_algorithm().empty())
+    config.gloo_tuning.algorithm = options.gloo_algorithm();
+  return config;
+}
+
+// Step 2: joins (rank 0: hosts) the job's store, authenticated by the job
+// secret when there is one.
+std::optional<Key32> join_job_store(
+    Runtime& rt, const InitOptions& options, const Settings& settings) {
+  const std::string secret_file = !options.job_secret_file().empty()
+      ? options.job_secret_file()
+      : settings.job_secret_file;
+  std::optional<Key32> job_key = load_job_key(rt.info, secret_file);
+  rt.store = join_store(rt.info, settings, rt.timeout, job_key);
+  return job_key;
+}
+
+// Step 3: every rank's host facts; this rank's advertised address.
+std::vector<PeerInfo> meet_peers(
+    Runtime& rt,
+    const InitOptions& options,
+    const Settings& settings,
+    PeerInfo& mine) {
+  const LaunchInfo& info = rt.info;
+  mine.host = host_identity();
+  mine.address = advertised_address(options.hostname(), settings, info);
+  mine.local_rank = info.local_rank;
+  mine.local_size = info.local_size;
+  mine.cross_rank = info.cross_rank;
+  mine.cross_size = info.cross_size;
+  mine.launcher = info.source;
+  std::vector<PeerInfo> peers;
+  try {
+    peers = exchange_peers(*rt.store, info, mine, rt.timeout);
+  } catch (const std::exception& e) {
+    throw rendezvous_error(info, "exchanging host facts: " + error_text(e));
   }
+  check_reachable(peers, info);
+  return peers;
+}
+
+// Step 4: rank 0's warnings about what the peers showed: an unauthenticated
+// job across hosts, a launcher whose layout the hosts contradict.
+void warn_about_job(
+    const LaunchInfo& info,
+    const std::vector<PeerInfo>& peers,
+    bool authenticated) {
+  if (info.rank != 0)
+    return;
+  if (!authenticated && spans_hosts(peers)) {
+    std::cerr << "ronde: warning: job '" << info.job_id
+              << "' spans hosts and is not authenticated: any process "
+                 "that reaches the rendezvous store at "
+              << info.addr << ":" << info.port
+              << " can write values the ranks trust. Give the ranks a "
+                 "job secret (RONDE_JOB_SECRET_FILE; ronderun makes one): "
+                 "see docs/security.md"
+              << std::endl;
+  }
+  std::string disagreement = topology_disagreement(peers);
+  if (!disagreement.empty())
+    std::cerr << "ronde: warning: " << disagreement << std::endl;
+}
+
+// Step 5: where this rank sits is what the host identities show, whatever
+// the launcher said.
+void adopt_topology(LaunchInfo& info, const std::vector<std::string>& hosts) {
+  const Topology topology = derive_topology(hosts, info.rank);
+  info.local_rank = topology.local_rank;
+  info.local_size = topology.local_size;
+  info.cross_rank = topology.cross_rank;
+  info.cross_size = topology.cross_size;
+}
+
+// Step 6: the global process set, its communicator and its worker.
+std::shared_ptr<Group> connect_global(
+    const LaunchInfo& info,
+    const CommConfig& config,
+    const CommGroup& group,
+    bool blocking_wait) {
   std::vector<int> everyone(info.size);
   for (int r = 0; r < info.size; ++r)
     everyone[r] = r;
@@ -151,15 +162,62 @@ std::unique_ptr<World> connect(
   global->rank = info.rank;
   global->size = info.size;
   try {
-    global->comm = make_communicator(config);
+    global->comm = make_communicator(config, group);
   } catch (const BackendFailure& e) {
     throw rendezvous_error(info, error_text(e));
   }
-  global->worker =
-      std::make_unique<CommWorker>(*global->comm, settings.blocking_wait);
-  w->global = std::move(global);
+  global->worker = std::make_unique<CommWorker>(*global->comm, blocking_wait);
+  return global;
+}
+
+std::unique_ptr<World> connect(
+    Runtime& rt, const InitOptions& options, const Settings& settings) {
+  const LaunchInfo& info = rt.info;
+  CommConfig config = comm_config(rt, options, settings);
+  CommGroup group;
+  group.prefix = job_key(info, "");
+  group.rank = info.rank;
+  group.size = info.size;
+  load_backends(config, group);
+  auto w = std::make_unique<World>();
+  w->rank = info.rank;
+  w->size = info.size;
+  w->blocking_wait = settings.blocking_wait;
+  if (info.size > 1) {
+    const bool authenticated =
+        join_job_store(rt, options, settings).has_value();
+    config.store = rt.store;
+    PeerInfo mine;
+    const std::vector<PeerInfo> peers =
+        meet_peers(rt, options, settings, mine);
+    for (const auto& p : peers)
+      group.hosts.push_back(p.host);
+    warn_about_job(info, peers, authenticated);
+    config.hostname = mine.address.address;
+    adopt_topology(rt.info, group.hosts);
+    // The store outlives the World: shutdown() destroys the World first.
+    c10d::Store* store = rt.store.get();
+    w->failed_peers =
+        [store, info, timeout = rt.timeout](const std::vector<int>& among) {
+          return failed_peers(*store, info, timeout, among);
+        };
+  }
+  w->global = connect_global(info, config, group, settings.blocking_wait);
   w->config = std::move(config);
+  w->group = std::move(group);
   return w;
+}
+
+// After connect(): the stall inspector, watching the global set's worker.
+void start_inspector(Runtime& rt, const Settings& settings, Group& global) {
+  Group* g = &global;  // destroyed after the inspector
+  rt.inspector = std::make_unique<StallInspector>(
+      rt.store,
+      rt.info,
+      stall_options(settings),
+      StallWatch{
+          [g] { return g->worker->progress(); },
+          [g] { g->comm->interrupt(); }});
 }
 
 // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
@@ -214,17 +272,8 @@ void init_locked(const InitOptions& options) {
   std::unique_ptr<detail::World> world =
       detail::connect(*rt, options, settings);
   world->epoch = ++detail::g_epoch;
-  if (rt->info.size > 1) {
-    // Destroyed after the inspector.
-    detail::Group* g = world->global.get();
-    rt->inspector = std::make_unique<detail::StallInspector>(
-        rt->store,
-        rt->info,
-        detail::stall_options(settings),
-        detail::StallWatch{
-            [g] { return g->worker->progress(); },
-            [g] { g->comm->interrupt(); }});
-  }
+  if (rt->info.size > 1)
+    start_inspector(*rt, settings, *world->global);
   detail::install_settings(settings);
   detail::install_world(std::move(world));
   detail::g_runtime = rt.release();

@@ -198,18 +198,18 @@ namespace {
 TEST(Settings, SharedMemoryVariables) {
   Settings d = parse({});
   EXPECT_TRUE(d.shm);
-  EXPECT_EQ(d.shm_dir, "/dev/shm");
-  EXPECT_EQ(d.shm_chunk_bytes, 256u << 10);
-  EXPECT_EQ(d.shm_split_bytes, 1u << 20);
+  EXPECT_EQ(d.shm_tuning.dir, "/dev/shm");
+  EXPECT_EQ(d.shm_tuning.chunk_bytes, 256u << 10);
+  EXPECT_EQ(d.shm_tuning.split_bytes, 1u << 20);
   Settings s = parse(
       {{"RONDE_SHM", "0"},
        {"RONDE_SHM_DIR", "/run/shm"},
        {"RONDE_SHM_CHUNK_BYTES", "65536"},
        {"RONDE_SHM_SPLIT_BYTES", "0"}});
   EXPECT_FALSE(s.shm);
-  EXPECT_EQ(s.shm_dir, "/run/shm");
-  EXPECT_EQ(s.shm_chunk_bytes, 65536u);
-  EXPECT_EQ(s.shm_split_bytes, 0u);
+  EXPECT_EQ(s.shm_tuning.dir, "/run/shm");
+  EXPECT_EQ(s.shm_tuning.chunk_bytes, 65536u);
+  EXPECT_EQ(s.shm_tuning.split_bytes, 0u);
   EXPECT_NE(
       error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}}).find(
           "RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),

@@ -4,7 +4,7 @@
 // segment names and modes, what is left behind, dead and late peers, and
 // a directory too small.
 #include "comm/shm/shm_transport.h"
-#include "comm/gloo_module/gloo_module_api.h"
+#include "comm/dtype_table.h"
 #include "runtime/rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -32,6 +32,8 @@
 #include <vector>
 
 namespace shm = ronde::detail::shm;
+using ronde::detail::DType;
+using ronde::detail::Reduction;
 
 namespace {
 
@@ -241,8 +243,8 @@ TEST(ShmTransport, CollectivesAcrossChunks) {
       std::vector<float> x(count), y(count);
       for (size_t i = 0; i < count; ++i)
         x[i] = y[i] = val(r, i);
-      t->allreduce(x.data(), count, RONDE_GLOO_F32, RONDE_GLOO_SUM);
-      split->allreduce(y.data(), count, RONDE_GLOO_F32, RONDE_GLOO_SUM);
+      t->allreduce(x.data(), count, DType::F32, Reduction::Sum);
+      split->allreduce(y.data(), count, DType::F32, Reduction::Sum);
       for (size_t i = 0; i < count; ++i) {
         // In rank order, on every rank and by both algorithms.
         const float want = (val(0, i) + val(1, i)) + val(2, i);
@@ -270,8 +272,8 @@ TEST(ShmTransport, CollectivesAcrossChunks) {
           rs.data(),
           mine.data(),
           counts.data(),
-          RONDE_GLOO_I64,
-          RONDE_GLOO_SUM);
+          DType::I64,
+          Reduction::Sum);
       for (int64_t v : mine) {
         if (v != 6)
           return 13;
@@ -289,7 +291,7 @@ void run_collective(shm::Transport& t, const std::string& op, int r, int n) {
   const size_t count = size_t{4} << 20;
   std::vector<float> x(count * n, 1.0f), y(count * n);
   if (op == "allreduce") {
-    t.allreduce(x.data(), count, RONDE_GLOO_F32, RONDE_GLOO_SUM);
+    t.allreduce(x.data(), count, DType::F32, Reduction::Sum);
   } else if (op == "broadcast") {
     t.broadcast(x.data(), count * 4, n - 1);
   } else if (op == "allgather") {
@@ -298,7 +300,7 @@ void run_collective(shm::Transport& t, const std::string& op, int r, int n) {
   } else if (op == "reducescatter") {
     std::vector<size_t> counts(n, count);
     t.reduce_scatter(
-        x.data(), y.data(), counts.data(), RONDE_GLOO_F32, RONDE_GLOO_SUM);
+        x.data(), y.data(), counts.data(), DType::F32, Reduction::Sum);
   } else if (op == "alltoall") {
     std::vector<int64_t> bytes(n, count * 4);
     t.alltoallv(x.data(), bytes.data(), y.data(), bytes.data());

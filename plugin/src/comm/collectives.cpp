@@ -24,21 +24,10 @@ bool is_floating(const at::Tensor& t) {
 std::string check_dtype(const at::Tensor& t) {
   if (!t.defined())
     return "";
-  switch (t.scalar_type()) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kHalf:
-    case at::kBFloat16:
-    case at::kChar:
-    case at::kByte:
-    case at::kShort:
-    case at::kInt:
-    case at::kLong:
-      return "";
-    default:
-      return std::string("dtype ") + c10::toString(t.scalar_type()) +
-             " is not supported (floating types and integers are)";
-  }
+  if (host_dtype(t.scalar_type()) >= 0)  // a row of comm/dtype_table.h
+    return "";
+  return std::string("dtype ") + c10::toString(t.scalar_type()) +
+      " is not supported (floating types and integers are)";
 }
 
 std::string check_reduction(

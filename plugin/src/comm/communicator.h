@@ -10,6 +10,8 @@
 
 #include <ronde/errors.h>
 
+#include "runtime/tuning.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -145,29 +147,23 @@ struct GlooModuleConfig {
   std::optional<bool> deepbind;  // RTLD_DEEPBIND; unset: by build
 };
 
-// The shared-memory backend for ranks that share a host (RONDE_SHM_*).
+// The shared-memory backend for ranks that share a host (RONDE_SHM=0 turns
+// it off).
 struct ShmConfig {
   bool enabled = true;
-  std::string dir = "/dev/shm";
-  size_t chunk_bytes = size_t{256} << 10;
-  size_t split_bytes = size_t{1} << 20;
+  ShmTuning tuning;
 };
 
-// What the runtime knows when it connects a job.
+// What the runtime knows when it connects a job, the same for every
+// communicator of the job (the global one, process sets, the groups of the
+// hierarchical all-reduce).
 struct CommConfig {
   c10::intrusive_ptr<c10d::Store> store;  // null for a job of one rank
-  std::string prefix;                     // this job's keys in the store
-  int rank = 0;
-  int size = 1;
   std::string hostname;  // this rank's address for peers
-  std::chrono::milliseconds timeout{30000};
-  std::string host_algorithm;  // the CPU backend's all-reduce algorithm
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  GlooTuning gloo_tuning;  // the CPU backend's all-reduce algorithm
   GlooModuleConfig gloo;
   ShmConfig shm;
-  // Every rank's host identity (runtime/rendezvous.h: boot id and network
-  // namespace), in rank order; empty for a job of one rank. Ranks with
-  // equal identities share memory.
-  std::vector<std::string> hosts;
   // RONDE_HIERARCHICAL; unset: the two-level all-reduce where several
   // hosts run several ranks each.
   std::optional<bool> hierarchical;
@@ -175,18 +171,31 @@ struct CommConfig {
   std::string cuda_backend;
 };
 
+// The ranks one communicator connects: this rank's place among them and
+// where in the store they meet.
+struct CommGroup {
+  std::string prefix;  // the group's keys in the store
+  int rank = 0;
+  int size = 1;
+  // Every member's host identity (runtime/rendezvous.h: boot id and network
+  // namespace), in group rank order; empty for a job of one rank. Ranks with
+  // equal identities share memory.
+  std::vector<std::string> hosts;
+};
+
 // Checks what the backends need before the rendezvous (the Gloo module for
 // a job of several ranks, a valid CUDA backend choice), so that a broken
 // installation fails on every rank at once, not at a timeout. Throws
 // c10::Error naming the problem.
-void load_backends(const CommConfig& config);
+void load_backends(const CommConfig& config, const CommGroup& group);
 
 // The job's communicator: CPU tensors to the host backend (Gloo; for one
 // rank, local copies), device tensors to the device backend (NCCL, when
 // built, connected on first use), chosen per tensor. cuda_backend "gloo"
 // sends CUDA tensors through the host backend instead. Throws BackendFailure
 // when the host backend cannot connect.
-std::unique_ptr<Communicator> make_communicator(const CommConfig& config);
+std::unique_ptr<Communicator> make_communicator(
+    const CommConfig& config, const CommGroup& group);
 
 // A job of one rank: every collective is a local copy, no network.
 std::unique_ptr<Communicator> make_self_communicator();
@@ -202,54 +211,41 @@ constexpr bool kNcclBuilt = true;
 constexpr bool kNcclBuilt = false;
 #endif
 
-// Connects to every other rank through the system Gloo, rendezvousing
-// through `store` under `prefix`.
+// Connects the group's ranks through the system Gloo, rendezvousing
+// through the store under the group's prefix.
 std::unique_ptr<Communicator> make_gloo_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    const std::string& hostname,
-    std::chrono::milliseconds timeout,
-    const std::string& algorithm,
-    const GlooModuleConfig& module);
+    const CommConfig& config, const CommGroup& group);
 
-// Connects the ranks of one host through shared memory, rendezvousing
-// through `store` under `prefix`. Throws ShmUnavailable, on every rank
-// alike, when shared memory cannot be set up (the caller then uses Gloo),
-// and BackendFailure when a peer fails during the rendezvous.
+// Connects the group's ranks, all on one host, through shared memory,
+// rendezvousing through the store under the group's prefix. Throws
+// ShmUnavailable, on every rank alike, when shared memory cannot be set up
+// (the caller then uses Gloo), and BackendFailure when a peer fails during
+// the rendezvous.
 std::unique_ptr<Communicator> make_shm_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    std::chrono::milliseconds timeout,
-    const ShmConfig& config);
+    const CommConfig& config, const CommGroup& group);
 
 struct ShmUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// For a job on several hosts (config.hosts): the two-level all-reduce
+// For a group on several hosts (group.hosts): the two-level all-reduce
 // (reduce-scatter within each host, all-reduce across hosts, all-gather
 // within each host) over `flat`, which keeps the other collectives; or
 // `flat` itself when config.hierarchical turns it off, when no host runs
 // several ranks (unless forced), or, with one log line, when the hosts run
 // uneven numbers of ranks.
 std::unique_ptr<Communicator> make_hierarchical_communicator(
-    const CommConfig& config, std::unique_ptr<Communicator> flat);
+    const CommConfig& config,
+    const CommGroup& group,
+    std::unique_ptr<Communicator> flat);
 
 #ifdef RONDE_WITH_NCCL
-// The NCCL communicator of one CUDA device, connected through `store` under
-// `prefix` (or, for one rank, on its own). Collectives are enqueued on its
-// own stream; a watchdog aborts it when work outlives `timeout`.
+// The group's NCCL communicator on one CUDA device, connected through the
+// store under the group's prefix (or, for one rank, on its own).
+// Collectives are enqueued on its own stream; a watchdog aborts it when work
+// outlives the config's timeout.
 std::unique_ptr<Communicator> make_nccl_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    c10::Device device,
-    std::chrono::milliseconds timeout);
+    const CommConfig& config, const CommGroup& group, c10::Device device);
 #endif
 
 }  // namespace ronde::detail

@@ -438,28 +438,24 @@ void load_gloo_backend(const GlooModuleConfig& config) {
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    const std::string& hostname,
-    std::chrono::milliseconds timeout,
-    const std::string& algorithm,
-    const GlooModuleConfig& module_config) {
+    const CommConfig& config, const CommGroup& group) {
+  // The one check of the algorithm's name: it comes from InitOptions as
+  // well as from RONDE_GLOO_ALGORITHM.
+  const std::string& algorithm = config.gloo_tuning.algorithm;
   TORCH_CHECK(
       algorithm == "ring" || algorithm == "bcube",
       "ronde: unknown Gloo all-reduce algorithm '",
       algorithm,
       "': expected 'ring' or 'bcube'");
-  const GlooModule& module = load_module(module_config);
+  const GlooModule& module = load_module(config.gloo);
   return std::make_unique<GlooCommunicator>(
       module,
-      store,
-      prefix,
-      rank,
-      size,
-      hostname,
-      timeout,
+      config.store,
+      group.prefix,
+      group.rank,
+      group.size,
+      config.hostname,
+      config.timeout,
       algorithm == "bcube" ? RONDE_GLOO_BCUBE : RONDE_GLOO_RING);
 }
 

@@ -9,6 +9,7 @@
 // same bits. Large tensors go in pieces, pipelined: the next piece is
 // reduced in memory while the previous one crosses the link. The other
 // collectives take the flat Gloo mesh over all ranks.
+// See docs/multi_host.md, "Hierarchical all-reduce".
 #include "comm/communicator.h"
 #include "runtime/topology.h"
 
@@ -242,13 +243,15 @@ std::string layout_text(const Topology& t) {
 }  // namespace
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(
-    const CommConfig& config, std::unique_ptr<Communicator> flat) {
-  const Topology t = derive_topology(config.hosts, config.rank);
-  const bool several_per_host = t.hosts > 1 && t.hosts < config.size;
+    const CommConfig& config,
+    const CommGroup& group,
+    std::unique_ptr<Communicator> flat) {
+  const Topology t = derive_topology(group.hosts, group.rank);
+  const bool several_per_host = t.hosts > 1 && t.hosts < group.size;
   if (!config.hierarchical.value_or(several_per_host))
     return flat;
   if (!t.even()) {
-    if (config.rank == 0) {
+    if (group.rank == 0) {
       std::cerr << "ronde: the hosts run uneven numbers of ranks ("
                 << layout_text(t)
                 << "): all-reduces take the flat ring, not the "
@@ -261,19 +264,20 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(
   // groups; every member builds its groups in the same order.
   size_t host_index = 0;
   for (size_t k = 0; k < t.host_ranks.size(); ++k) {
-    if (t.host_ranks[k].front() == t.local_ranks(config.rank).front())
+    if (t.host_ranks[k].front() == t.local_ranks(group.rank).front())
       host_index = k;
   }
+  // A group of this group's ranks under `name` in the store; no host
+  // identities: its members are known to share memory or not to.
+  auto part = [&](const std::string& name, int rank, int size) {
+    CommGroup g;
+    g.prefix = group.prefix + name;
+    g.rank = rank;
+    g.size = size;
+    return g;
+  };
   auto gloo_group = [&](const std::string& name, int rank, int size) {
-    return make_gloo_communicator(
-        config.store,
-        config.prefix + name,
-        rank,
-        size,
-        config.hostname,
-        config.timeout,
-        config.host_algorithm,
-        config.gloo);
+    return make_gloo_communicator(config, part(name, rank, size));
   };
   std::unique_ptr<Communicator> local;
   const std::string host_tag = std::to_string(host_index) + "/";
@@ -282,16 +286,11 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(
   } else if (config.shm.enabled) {
     try {
       local = make_shm_communicator(
-          config.store,
-          config.prefix + "shm-local/" + host_tag,
-          t.local_rank,
-          t.local_size,
-          config.timeout,
-          config.shm);
+          config, part("shm-local/" + host_tag, t.local_rank, t.local_size));
     } catch (const ShmUnavailable& e) {
       if (t.local_rank == 0) {
         std::cerr << "ronde: warning: shared memory is unavailable on rank "
-                  << config.rank << "'s host (" << e.what()
+                  << group.rank << "'s host (" << e.what()
                   << "); its ranks reduce through Gloo over loopback"
                   << std::endl;
       }

@@ -1,9 +1,11 @@
 // What the host backends (Gloo, shared memory) share in adapting tensors to
-// their raw-buffer kernels: the element-type and reduction codes of
-// gloo_module_api.h, and staging of device tensors through host memory.
+// their raw-buffer kernels: the element-type codes of comm/dtype_table.h
+// (the Gloo module's ABI codes), the reduction codes, and staging of device
+// tensors through host memory.
 #pragma once
 
 #include "comm/communicator.h"
+#include "comm/dtype_table.h"
 #include "comm/gloo_module/gloo_module_api.h"
 
 #include <ATen/ATen.h>
@@ -11,27 +13,15 @@
 
 namespace ronde::detail {
 
-// -1 for a type the host kernels cannot reduce.
+// The dtype table's code of `t` (the Gloo module's ABI code); -1 for a
+// type the host kernels cannot reduce.
 inline int host_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat:
-      return RONDE_GLOO_F32;
-    case at::kDouble:
-      return RONDE_GLOO_F64;
-    case at::kHalf:
-      return RONDE_GLOO_F16;
-    case at::kBFloat16:
-      return RONDE_GLOO_BF16;
-    case at::kChar:
-      return RONDE_GLOO_I8;
-    case at::kByte:
-      return RONDE_GLOO_U8;
-    case at::kShort:
-      return RONDE_GLOO_I16;
-    case at::kInt:
-      return RONDE_GLOO_I32;
-    case at::kLong:
-      return RONDE_GLOO_I64;
+#define RONDE_HOST_DTYPE(name, type, code, torch, nccl) \
+  case at::ScalarType::torch:                     \
+    return code;
+    RONDE_DTYPES(RONDE_HOST_DTYPE)
+#undef RONDE_HOST_DTYPE
     default:
       return -1;
   }

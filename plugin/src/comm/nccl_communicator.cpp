@@ -15,6 +15,7 @@
 // asynchronous error NCCL reports (a peer gone), aborts the communicator;
 // the work fails, waiting kernels end, and every later call raises.
 #include "comm/communicator.h"
+#include "comm/host_types.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -41,31 +42,33 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kConnectFloor{60000};
 
+// By the rows of comm/dtype_table.h (a new row is a -Wswitch warning here).
 ncclDataType_t nccl_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
+  switch (static_cast<DType>(host_dtype(t))) {
+    case DType::F32:
       return ncclFloat32;
-    case at::kDouble:
+    case DType::F64:
       return ncclFloat64;
-    case at::kHalf:
+    case DType::F16:
       return ncclFloat16;
-    case at::kBFloat16:
+    case DType::BF16:
       return ncclBfloat16;
-    case at::kChar:
+    case DType::I8:
       return ncclInt8;
-    case at::kByte:
+    case DType::U8:
       return ncclUint8;
-    case at::kInt:
+    case DType::I32:
       return ncclInt32;
-    case at::kLong:
+    case DType::I64:
       return ncclInt64;
-    default:
-      TORCH_CHECK(
-          false,
-          "ronde: NCCL cannot reduce ",
-          c10::toString(t),
-          " tensors (the router sends them to the host backend)");
+    case DType::I16:  // the table's on-NCCL column says no
+      break;
   }
+  TORCH_CHECK(
+      false,
+      "ronde: NCCL cannot reduce ",
+      c10::toString(t),
+      " tensors (the router sends them to the host backend)");
 }
 
 ncclRedOp_t nccl_op(BackendOp op) {
@@ -582,18 +585,14 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    c10::Device device,
-    std::chrono::milliseconds timeout) {
+    const CommConfig& config, const CommGroup& group, c10::Device device) {
   TORCH_CHECK(
       device.is_cuda() && device.has_index(),
       "ronde: the NCCL backend needs a CUDA device with an index, got ",
       device);
+  const CommGroup& g = group;
   return std::make_unique<NcclCommunicator>(
-      store, prefix, rank, size, device, timeout);
+      config.store, g.prefix, g.rank, g.size, device, config.timeout);
 }
 
 }  // namespace ronde::detail

@@ -67,17 +67,16 @@ std::string invalid_ranks(const std::vector<int>& ranks, int size) {
 
 // Connects this rank's communicator and worker for `g` (a member).
 void connect(World& w, Group& g) {
-  CommConfig config = w.config;
-  config.prefix += "set/" + std::to_string(g.id) + "/";
-  config.rank = g.rank;
-  config.size = g.size;
-  config.hosts.clear();
-  if (!w.config.hosts.empty()) {
+  CommGroup group;
+  group.prefix = w.group.prefix + "set/" + std::to_string(g.id) + "/";
+  group.rank = g.rank;
+  group.size = g.size;
+  if (!w.group.hosts.empty()) {
     for (int r : g.ranks)
-      config.hosts.push_back(w.config.hosts[r]);
+      group.hosts.push_back(w.group.hosts[r]);
   }
   try {
-    g.comm = make_communicator(config);
+    g.comm = make_communicator(w.config, group);
   } catch (const BackendFailure& e) {
     throw CommError(
         CommError::Kind::Rendezvous,

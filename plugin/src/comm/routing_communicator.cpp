@@ -6,6 +6,7 @@
 // sequence of collectives, so every rank connects at the same point of it,
 // and a job that never puts a tensor on the GPU never starts CUDA or NCCL.
 #include "comm/communicator.h"
+#include "comm/host_types.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -22,8 +23,14 @@ namespace {
 class RoutingCommunicator final : public Communicator {
  public:
   RoutingCommunicator(
-      CommConfig config, std::unique_ptr<Communicator> host, bool nccl)
-      : config_(std::move(config)), host_(std::move(host)), nccl_(nccl) {}
+      CommConfig config,
+      CommGroup group,
+      std::unique_ptr<Communicator> host,
+      bool nccl)
+      : config_(std::move(config)),
+        group_(std::move(group)),
+        host_(std::move(host)),
+        nccl_(nccl) {}
 
   const char* backend() const override {
     return host_->backend();
@@ -92,9 +99,13 @@ class RoutingCommunicator final : public Communicator {
   }
 
  private:
-  // NCCL reduces every dtype ronde accepts except int16.
+  // The rows of the dtype table that NCCL cannot reduce (int16) stay on
+  // the host backend; types outside the table fail on NCCL with a message.
   bool on_device(const at::Tensor& t) const {
-    return nccl_ && t.defined() && t.is_cuda() && t.scalar_type() != at::kShort;
+    if (!nccl_ || !t.defined() || !t.is_cuda())
+      return false;
+    const int code = host_dtype(t.scalar_type());
+    return code < 0 || dtype_on_nccl(code);
   }
 
   Communicator& route(const at::Tensor& t) {
@@ -106,13 +117,9 @@ class RoutingCommunicator final : public Communicator {
     if (it != devices_.end())
       return *it->second;
 #ifdef RONDE_WITH_NCCL
-    auto comm = make_nccl_communicator(
-        config_.store,
-        config_.prefix + "nccl/" + std::to_string(devices_.size()) + "/",
-        config_.rank,
-        config_.size,
-        device,
-        config_.timeout);
+    CommGroup on_device = group_;
+    on_device.prefix += "nccl/" + std::to_string(devices_.size()) + "/";
+    auto comm = make_nccl_communicator(config_, on_device, device);
     return *devices_.emplace(device.index(), std::move(comm)).first->second;
 #else
     TORCH_INTERNAL_ASSERT(false, "NCCL routing in a build without NCCL");
@@ -120,6 +127,7 @@ class RoutingCommunicator final : public Communicator {
   }
 
   const CommConfig config_;
+  const CommGroup group_;
   std::unique_ptr<Communicator> host_;
   const bool nccl_;
   // Inserted by the communication thread, walked by interrupt() from any.
@@ -128,15 +136,13 @@ class RoutingCommunicator final : public Communicator {
 };
 
 // Which backend serves CUDA tensors, as configured: "nccl", or "gloo" for
-// the host backend through staging copies.
+// the host backend through staging copies. The spelling was checked where
+// the settings were parsed; whether NCCL is built is known only here.
 std::string cuda_backend_choice(const std::string& want) {
   if (want.empty())
     return kNcclBuilt ? "nccl" : "gloo";
-  TORCH_CHECK(
-      want == "nccl" || want == "gloo",
-      "ronde: RONDE_CUDA_BACKEND must be 'nccl' or 'gloo', not '",
-      want,
-      "'");
+  TORCH_INTERNAL_ASSERT(
+      want == "nccl" || want == "gloo", "unchecked CUDA backend ", want);
   TORCH_CHECK(
       want != "nccl" || kNcclBuilt,
       "ronde: RONDE_CUDA_BACKEND=nccl, but this ronde was built without "
@@ -154,28 +160,32 @@ bool one_host(const std::vector<std::string>& hosts) {
 
 }  // namespace
 
-void load_backends(const CommConfig& config) {
+void load_backends(const CommConfig& config, const CommGroup& group) {
   cuda_backend_choice(config.cuda_backend);  // fails before the rendezvous
-  if (config.size > 1)
+  if (group.size > 1)
     load_gloo_backend(config.gloo);
 }
 
-std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
+namespace {
+// The group's ranks under `name` in the store.
+CommGroup subgroup(const CommGroup& group, const std::string& name) {
+  CommGroup g = group;
+  g.prefix += name;
+  return g;
+}
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(
+    const CommConfig& config, const CommGroup& group) {
   std::unique_ptr<Communicator> host;
-  if (config.size == 1) {
+  if (group.size == 1) {
     host = make_self_communicator();
-  } else if (config.shm.enabled && one_host(config.hosts)) {
+  } else if (config.shm.enabled && one_host(group.hosts)) {
     try {
-      host = make_shm_communicator(
-          config.store,
-          config.prefix + "shm/",
-          config.rank,
-          config.size,
-          config.timeout,
-          config.shm);
+      host = make_shm_communicator(config, subgroup(group, "shm/"));
     } catch (const ShmUnavailable& e) {
       // Every rank got the same verdict; one line says so.
-      if (config.rank == 0) {
+      if (group.rank == 0) {
         std::cerr << "ronde: warning: shared memory is unavailable ("
                   << e.what()
                   << "); the ranks of this host use Gloo over loopback "
@@ -185,20 +195,13 @@ std::unique_ptr<Communicator> make_communicator(const CommConfig& config) {
     }
   }
   if (!host) {
-    host = make_gloo_communicator(
-        config.store,
-        config.prefix + "gloo/",
-        config.rank,
-        config.size,
-        config.hostname,
-        config.timeout,
-        config.host_algorithm,
-        config.gloo);
-    if (!one_host(config.hosts))
-      host = make_hierarchical_communicator(config, std::move(host));
+    host = make_gloo_communicator(config, subgroup(group, "gloo/"));
+    if (!one_host(group.hosts))
+      host = make_hierarchical_communicator(config, group, std::move(host));
   }
   const bool nccl = cuda_backend_choice(config.cuda_backend) == "nccl";
-  return std::make_unique<RoutingCommunicator>(config, std::move(host), nccl);
+  return std::make_unique<RoutingCommunicator>(
+      config, group, std::move(host), nccl);
 }
 
 }  // namespace ronde::detail

@@ -52,7 +52,11 @@ class ShmCommunicator final : public Communicator {
     const int dtype = checked_host_dtype(tensor, "shared-memory");
     at::Tensor h = host(tensor);
     run([&](shm::Transport& t) {
-      t.allreduce(h.data_ptr(), h.numel(), dtype, host_op(op));
+      t.allreduce(
+          h.data_ptr(),
+          h.numel(),
+          static_cast<DType>(dtype),
+          static_cast<Reduction>(host_op(op)));
     });
     copy_back(tensor, h);
   }
@@ -68,7 +72,11 @@ class ShmCommunicator final : public Communicator {
     std::vector<size_t> c(counts.begin(), counts.end());
     run([&](shm::Transport& t) {
       t.reduce_scatter(
-          hi.data_ptr(), ho.data_ptr(), c.data(), dtype, host_op(op));
+          hi.data_ptr(),
+          ho.data_ptr(),
+          c.data(),
+          static_cast<DType>(dtype),
+          static_cast<Reduction>(host_op(op)));
     });
     copy_back(out, ho);
   }
@@ -134,18 +142,14 @@ class ShmCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_shm_communicator(
-    const c10::intrusive_ptr<c10d::Store>& store,
-    const std::string& prefix,
-    int rank,
-    int size,
-    std::chrono::milliseconds timeout,
-    const ShmConfig& config) {
+    const CommConfig& config, const CommGroup& group) {
+  const c10::intrusive_ptr<c10d::Store>& store = config.store;
+  const std::string& prefix = group.prefix;
+  const std::chrono::milliseconds timeout = config.timeout;
   shm::Options o;
-  o.rank = rank;
-  o.size = size;
-  o.dir = config.dir;
-  o.chunk_bytes = config.chunk_bytes;
-  o.split_bytes = config.split_bytes;
+  static_cast<ShmTuning&>(o) = config.shm.tuning;
+  o.rank = group.rank;
+  o.size = group.size;
   o.timeout = timeout;
   shm::Rendezvous rv;
   rv.set = [&](const std::string& k, const std::string& v) {

@@ -52,9 +52,10 @@ struct World {
   int size = 1;
   uint64_t epoch = 0;  // counts init() calls of this process
   std::shared_ptr<Group> global;
-  // How the global communicator was connected: sets connect alike, under
-  // their own store prefix.
+  // How the global communicator was connected: sets connect alike, with
+  // the same config and a group of their own under the global one.
   CommConfig config;
+  CommGroup group;
   bool blocking_wait = false;
   // After a collective failed here: the peers among these job ranks that
   // did not report the failure themselves in time (the runtime's failure

@@ -123,7 +123,9 @@ Settings read_settings(const EnvLookup& env) {
     }
   }
   s.hierarchical = flag(env, "RONDE_HIERARCHICAL");
-  s.gloo_algorithm = text(env, "RONDE_GLOO_ALGORITHM");
+  const std::string algorithm = text(env, "RONDE_GLOO_ALGORITHM");
+  if (!algorithm.empty())
+    s.gloo_tuning.algorithm = algorithm;
   s.gloo_module = text(env, "RONDE_GLOO_MODULE");
   s.fusion_threshold_bytes =
       positive_env_number(env, "RONDE_FUSION_THRESHOLD", "bytes");
@@ -155,17 +157,19 @@ Settings read_settings(const EnvLookup& env) {
   s.shm = flag(env, "RONDE_SHM").value_or(true);
   const std::string dir = text(env, "RONDE_SHM_DIR");
   if (!dir.empty())
-    s.shm_dir = dir;
+    s.shm_tuning.dir = dir;
   if (auto chunk = byte_count(env, "RONDE_SHM_CHUNK_BYTES")) {
     TORCH_CHECK(
-        *chunk >= 4096,
+        *chunk >= ShmTuning::kMinChunkBytes,
         "ronde: RONDE_SHM_CHUNK_BYTES='",
         *chunk,
-        "' is below the smallest chunk, 4096 bytes");
-    s.shm_chunk_bytes = *chunk;
+        "' is below the smallest chunk, ",
+        ShmTuning::kMinChunkBytes,
+        " bytes");
+    s.shm_tuning.chunk_bytes = *chunk;
   }
   if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
-    s.shm_split_bytes = *split;
+    s.shm_tuning.split_bytes = *split;
   s.job_secret_file = text(env, kJobSecretFileVar);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   return s;

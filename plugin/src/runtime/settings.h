@@ -5,6 +5,7 @@
 #pragma once
 
 #include "runtime/launch_env.h"
+#include "runtime/tuning.h"
 
 #include <optional>
 #include <string>
@@ -24,8 +25,9 @@ struct Settings {
   // RONDE_HIERARCHICAL: the two-level all-reduce across hosts; unset: on
   // when several hosts run several ranks each.
   std::optional<bool> hierarchical;
-  // RONDE_GLOO_ALGORITHM: "ring" or "bcube" (checked by the Gloo backend).
-  std::string gloo_algorithm;
+  // RONDE_GLOO_ALGORITHM: "ring" or "bcube" (checked by the Gloo backend,
+  // which InitOptions::gloo_algorithm reaches too).
+  GlooTuning gloo_tuning;
   // RONDE_GLOO_MODULE: path of the Gloo backend module; empty: next to
   // libronde.
   std::string gloo_module;
@@ -54,13 +56,9 @@ struct Settings {
   bool log_all_ranks = false;
   // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.
   bool shm = true;
-  // RONDE_SHM_DIR: where shared-memory segments are made (a tmpfs).
-  std::string shm_dir = "/dev/shm";
-  // RONDE_SHM_CHUNK_BYTES: bytes a shared-memory step moves per rank.
-  size_t shm_chunk_bytes = size_t{256} << 10;
-  // RONDE_SHM_SPLIT_BYTES: all-reduces from this size reduce-scatter and
-  // all-gather in memory.
-  size_t shm_split_bytes = size_t{1} << 20;
+  // RONDE_SHM_DIR, RONDE_SHM_CHUNK_BYTES (at least
+  // ShmTuning::kMinChunkBytes), RONDE_SHM_SPLIT_BYTES.
+  ShmTuning shm_tuning;
   // RONDE_JOB_SECRET_FILE: the job secret (docs/security.md); empty: the
   // job is not authenticated.
   std::string job_secret_file;

@@ -5,6 +5,7 @@
 // module, which must share no symbol with libronde) gets its own copy.
 #pragma once
 
+#include "../dtype_table.h"
 #include "gloo_module_api.h"
 
 #if defined(__x86_64__)
@@ -220,33 +221,46 @@ bool has_f16c() {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
+// The module's ABI codes are the table's.
+#define RONDE_DTYPE_ABI(name, type, code, torch, nccl) \
+  static_assert(code == RONDE_GLOO_##name, "dtype code of " #name);
+RONDE_DTYPES(RONDE_DTYPE_ABI)
+#undef RONDE_DTYPE_ABI
+static_assert(
+    static_cast<int>(ronde::detail::Reduction::Sum) == RONDE_GLOO_SUM &&
+    static_cast<int>(ronde::detail::Reduction::Min) == RONDE_GLOO_MIN &&
+    static_cast<int>(ronde::detail::Reduction::Max) == RONDE_GLOO_MAX &&
+    static_cast<int>(ronde::detail::Reduction::Product) ==
+        RONDE_GLOO_PRODUCT);
+
+// The kernel of one row of the dtype table: fp16 and bf16 through float,
+// every other type on itself.
+template <typename Op, ronde::detail::DType D, typename T>
+ReduceFn reduce_fn_of() {
+  using ronde::detail::DType;
+  if constexpr (D == DType::F16) {
+#if defined(__x86_64__)
+    if constexpr (std::is_same_v<Op, Sum>) {
+      if (has_f16c())
+        return &sum_half_f16c;
+    }
+#endif
+    return &reduce_16<Op, half_to_float, float_to_half>;
+  } else if constexpr (D == DType::BF16) {
+    return &reduce_16<Op, bf16_to_float, float_to_bf16>;
+  } else {
+    return &reduce_plain<Op, T>;
+  }
+}
+
 template <typename Op>
 ReduceFn pick_for_op(int dtype) {
   switch (dtype) {
-    case RONDE_GLOO_F32:
-      return &reduce_plain<Op, float>;
-    case RONDE_GLOO_F64:
-      return &reduce_plain<Op, double>;
-    case RONDE_GLOO_F16:
-#if defined(__x86_64__)
-      if constexpr (std::is_same_v<Op, Sum>) {
-        if (has_f16c())
-          return &sum_half_f16c;
-      }
-#endif
-      return &reduce_16<Op, half_to_float, float_to_half>;
-    case RONDE_GLOO_BF16:
-      return &reduce_16<Op, bf16_to_float, float_to_bf16>;
-    case RONDE_GLOO_I8:
-      return &reduce_plain<Op, int8_t>;
-    case RONDE_GLOO_U8:
-      return &reduce_plain<Op, uint8_t>;
-    case RONDE_GLOO_I16:
-      return &reduce_plain<Op, int16_t>;
-    case RONDE_GLOO_I32:
-      return &reduce_plain<Op, int32_t>;
-    case RONDE_GLOO_I64:
-      return &reduce_plain<Op, int64_t>;
+#define RONDE_PICK(name, type, code, torch, nccl) \
+  case code:                                \
+    return reduce_fn_of<Op, ronde::detail::DType::name, type>();
+    RONDE_DTYPES(RONDE_PICK)
+#undef RONDE_PICK
     default:
       return nullptr;
   }
@@ -267,21 +281,14 @@ ReduceFn pick_for_op(int dtype) {
   }
 }
 
-size_t element_size(int dtype) {
+// Bytes of one element of an ABI dtype code; 0 for an unknown one.
+[[maybe_unused]] size_t element_size(int dtype) {
   switch (dtype) {
-    case RONDE_GLOO_F32:
-    case RONDE_GLOO_I32:
-      return 4;
-    case RONDE_GLOO_F64:
-    case RONDE_GLOO_I64:
-      return 8;
-    case RONDE_GLOO_F16:
-    case RONDE_GLOO_BF16:
-    case RONDE_GLOO_I16:
-      return 2;
-    case RONDE_GLOO_I8:
-    case RONDE_GLOO_U8:
-      return 1;
+#define RONDE_SIZE(name, type, code, torch, nccl) \
+  case code:                                \
+    return sizeof(type);
+    RONDE_DTYPES(RONDE_SIZE)
+#undef RONDE_SIZE
     default:
       return 0;
   }

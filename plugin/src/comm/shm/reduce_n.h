@@ -103,52 +103,63 @@ __attribute__((target("avx,f16c"))) void reduce_n_half_f16c(
 }
 #endif
 
-template <typename Op>
-ReduceNFn pick_n_for_op(int dtype) {
-  switch (dtype) {
-    case RONDE_GLOO_F32:
-      return &reduce_n_plain<Op, float>;
-    case RONDE_GLOO_F64:
-      return &reduce_n_plain<Op, double>;
-    case RONDE_GLOO_F16:
+// The n-input kernel of one row of the dtype table: fp16 and bf16 through
+// float, every other type on itself.
+template <typename Op, ronde::detail::DType D, typename T>
+ReduceNFn reduce_n_fn_of() {
+  using ronde::detail::DType;
+  if constexpr (D == DType::F16) {
 #if defined(__x86_64__)
-      if constexpr (std::is_same_v<Op, Sum> || std::is_same_v<Op, Product>) {
-        if (has_f16c())
-          return &reduce_n_half_f16c<std::is_same_v<Op, Product>>;
-      }
+    if constexpr (std::is_same_v<Op, Sum> || std::is_same_v<Op, Product>) {
+      if (has_f16c())
+        return &reduce_n_half_f16c<std::is_same_v<Op, Product>>;
+    }
 #endif
-      return &reduce_n_16<Op, half_to_float, float_to_half>;
-    case RONDE_GLOO_BF16:
-      return &reduce_n_16<Op, bf16_to_float, float_to_bf16>;
-    case RONDE_GLOO_I8:
-      return &reduce_n_plain<Op, int8_t>;
-    case RONDE_GLOO_U8:
-      return &reduce_n_plain<Op, uint8_t>;
-    case RONDE_GLOO_I16:
-      return &reduce_n_plain<Op, int16_t>;
-    case RONDE_GLOO_I32:
-      return &reduce_n_plain<Op, int32_t>;
-    case RONDE_GLOO_I64:
-      return &reduce_n_plain<Op, int64_t>;
-    default:
-      return nullptr;
+    return &reduce_n_16<Op, half_to_float, float_to_half>;
+  } else if constexpr (D == DType::BF16) {
+    return &reduce_n_16<Op, bf16_to_float, float_to_bf16>;
+  } else {
+    return &reduce_n_plain<Op, T>;
   }
 }
 
-// nullptr for an unknown dtype or op.
-ReduceNFn pick_reduce_n(int dtype, int op) {
-  switch (op) {
-    case RONDE_GLOO_SUM:
-      return pick_n_for_op<Sum>(dtype);
-    case RONDE_GLOO_MIN:
-      return pick_n_for_op<Min>(dtype);
-    case RONDE_GLOO_MAX:
-      return pick_n_for_op<Max>(dtype);
-    case RONDE_GLOO_PRODUCT:
-      return pick_n_for_op<Product>(dtype);
-    default:
-      return nullptr;
+template <typename Op>
+ReduceNFn pick_n_for_op(ronde::detail::DType dtype) {
+  switch (dtype) {
+#define RONDE_PICK_N(name, type, code, torch, nccl) \
+  case ronde::detail::DType::name:            \
+    return reduce_n_fn_of<Op, ronde::detail::DType::name, type>();
+    RONDE_DTYPES(RONDE_PICK_N)
+#undef RONDE_PICK_N
   }
+  return nullptr;
+}
+
+// nullptr for an unknown dtype or op.
+[[maybe_unused]] ReduceNFn pick_reduce_n(
+    ronde::detail::DType dtype, ronde::detail::Reduction op) {
+  using ronde::detail::Reduction;
+  switch (op) {
+    case Reduction::Sum:
+      return pick_n_for_op<Sum>(dtype);
+    case Reduction::Min:
+      return pick_n_for_op<Min>(dtype);
+    case Reduction::Max:
+      return pick_n_for_op<Max>(dtype);
+    case Reduction::Product:
+      return pick_n_for_op<Product>(dtype);
+  }
+  return nullptr;
+}
+
+// The same by the Gloo module's codes (host_types.h's host_dtype and
+// host_op), which are the table's.
+[[maybe_unused]] ReduceNFn pick_reduce_n(int dtype, int op) {
+  if (!ronde::detail::dtype_known(dtype) || op < 0 || op > 3)
+    return nullptr;
+  return pick_reduce_n(
+      static_cast<ronde::detail::DType>(dtype),
+      static_cast<ronde::detail::Reduction>(op));
 }
 
 }  // namespace

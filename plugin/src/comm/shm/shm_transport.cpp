@@ -1,25 +1,28 @@
-// The shared-memory transport: segments, the step protocol, waiting, and
-// the collectives built on steps. See shm_transport.h and
-// docs/shared_memory.md.
+// The shared-memory transport: the step protocol, waiting, and the
+// collectives built on steps, over the segments of shm_segment.h.
+// A collective is the same sequence of steps on every rank; step g uses
+// slot g mod 2. In a step a rank copies its piece into its input area and
+// publishes `posted`; readers then reduce or copy from every rank's area
+// (a split all-reduce first publishes `reduced` for its slice of the output
+// area) and publish `consumed`. A rank reuses a slot only once every peer
+// consumed it two steps earlier. Counters are release/acquire atomics; a
+// wait spins, then sleeps on the peer's futex word and looks for a dead
+// peer, an interrupt and the timeout.
+// See docs/shared_memory.md, "Steps" and "Waiting".
 #include "comm/shm/shm_transport.h"
 
 #include "comm/shm/reduce_n.h"
+#include "comm/shm/shm_segment.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/random.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <new>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -28,226 +31,7 @@
 
 namespace ronde::detail::shm {
 
-constexpr uint64_t kMagic = 0x316d73656472'6f72;  // "rondesm1"
-constexpr uint32_t kVersion = 1;
-constexpr size_t kControlBytes = 4096;
-constexpr size_t kLine = 64;
-constexpr const char* kPrefix = "ronde-";
-
-enum State : uint32_t { kLive = 0, kAborted = 1, kClosed = 2 };
-enum CounterId : int { kPosted = 0, kReduced = 1, kConsumed = 2 };
-
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(std::atomic<uint32_t>::is_always_lock_free);
-
-// The head of a rank's segment. Written by its owner: the identity before
-// any peer maps it, the counters and the state afterwards. Peers write
-// `sleepers` (they announce themselves before sleeping on `wake`).
-struct Control {
-  uint64_t magic = kMagic;
-  uint32_t version = kVersion;
-  int32_t rank = 0;
-  int32_t size = 0;
-  int32_t pid = 0;  // for messages only
-  uint64_t chunk_bytes = 0;
-  char nonce[40] = {0};
-  // counters[c]: the last step in which the owner reached point c of it.
-  struct alignas(kLine) Counter {
-    std::atomic<uint64_t> value{0};
-  };
-  Counter counters[3];
-  alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
-  std::atomic<uint32_t> sleepers{0};
-  std::atomic<uint32_t> state{kLive};
-};
-static_assert(sizeof(Control) <= kControlBytes);
-
-struct Segment {
-  int fd = -1;
-  void* base = nullptr;
-  size_t bytes = 0;
-  std::string path;  // set while this process must unlink it
-
-  Segment() = default;
-  Segment(Segment&& o) noexcept
-      : fd(o.fd),
-        base(o.base),
-        bytes(o.bytes),
-        path(std::move(o.path)) {
-    o.fd = -1;
-    o.base = nullptr;
-    o.path.clear();
-  }
-  Segment& operator=(Segment&&) = delete;
-  ~Segment() {
-    if (base != nullptr)
-      ::munmap(base, bytes);
-    if (!path.empty())
-      ::unlink(path.c_str());
-    if (fd >= 0)
-      ::close(fd);  // releases the owner's lock: peers see it gone
-  }
-};
-
 namespace {
-
-size_t segment_bytes(size_t chunk) {
-  return kControlBytes + 4 * chunk;
-}
-
-std::string errno_text(int e) {
-  return std::strerror(e);
-}
-
-std::string mib(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / 1048576.0);
-  return buf;
-}
-
-// The owner's lock on byte 0 of its segment: held while the owner lives;
-// the kernel drops it when the process ends, however it ends.
-bool take_owner_lock(int fd) {
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = 0;
-  l.l_len = 1;
-  return ::fcntl(fd, F_SETLK, &l) == 0;
-}
-
-bool owner_lock_held(int fd) {
-  struct flock l {};
-  l.l_type = F_WRLCK;
-  l.l_whence = SEEK_SET;
-  l.l_start = 0;
-  l.l_len = 1;
-  if (::fcntl(fd, F_GETLK, &l) != 0)
-    return true;  // cannot tell: assume alive, the timeout still applies
-  return l.l_type != F_UNLCK;
-}
-
-std::string random_nonce() {
-  unsigned char raw[16];
-  size_t got = 0;
-  while (got < sizeof(raw)) {
-    ssize_t n = ::getrandom(raw + got, sizeof(raw) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      throw std::runtime_error("ronde: getrandom failed: " + errno_text(errno));
-    }
-    got += static_cast<size_t>(n);
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : raw) {
-    s += hex[c >> 4];
-    s += hex[c & 15];
-  }
-  return s;
-}
-
-std::string segment_name(const std::string& nonce, int rank) {
-  return std::string(kPrefix) + nonce + "-" + std::to_string(rank);
-}
-
-// Makes this rank's segment: created unnamed (O_TMPFILE), locked, sized,
-// mapped and initialised, and only then linked under its name, so that no
-// name ever refers to a half-made segment or to one without a live owner's
-// lock. Returns a message instead when it cannot.
-std::string create_segment(
-    const Options& o, const std::string& nonce, Segment& seg) {
-  const size_t bytes = segment_bytes(o.chunk_bytes);
-  const std::string path = o.dir + "/" + segment_name(nonce, o.rank);
-  const std::string need = mib(bytes) + " per rank, " +
-                           mib(bytes * static_cast<size_t>(o.size)) +
-                           " for the job";
-  bool named = false;
-  int fd = ::open(o.dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  // Linking it later goes through /proc/self/fd: without procfs, the
-  // exclusive create below.
-  if (fd >= 0 && ::access("/proc/self/fd", F_OK) != 0) {
-    ::close(fd);
-    fd = -1;
-  }
-  if (fd < 0) {
-    // No O_TMPFILE there: an exclusive create, locked at once.
-    fd = ::open(
-        path.c_str(), O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-      return "cannot create " + path + ": " + errno_text(errno);
-    named = true;
-    seg.path = path;
-  }
-  seg.fd = fd;
-  if (::fchmod(fd, 0600) != 0 || !take_owner_lock(fd))
-    return "cannot lock " + path + ": " + errno_text(errno);
-  int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (rc != 0) {
-    return "cannot reserve " + need + " in " + o.dir + ": " + errno_text(rc);
-  }
-  void* base =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
-    return "cannot map " + need + " from " + o.dir + ": " + errno_text(errno);
-  seg.base = base;
-  seg.bytes = bytes;
-  auto* c = new (base) Control();
-  c->rank = o.rank;
-  c->size = o.size;
-  c->pid = static_cast<int32_t>(::getpid());
-  c->chunk_bytes = o.chunk_bytes;
-  std::memcpy(
-      c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
-  if (!named) {
-    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-    if (::linkat(
-            AT_FDCWD,
-            proc.c_str(),
-            AT_FDCWD,
-            path.c_str(),
-            AT_SYMLINK_FOLLOW) != 0) {
-      return "cannot name " + path + ": " + errno_text(errno);
-    }
-    seg.path = path;
-  }
-  return "";
-}
-
-// Maps a peer's segment and checks that it is the one that peer made for
-// this job, private to this user.
-std::string open_segment(
-    const Options& o, const std::string& nonce, int peer, Segment& seg) {
-  const size_t bytes = segment_bytes(o.chunk_bytes);
-  const std::string path = o.dir + "/" + segment_name(nonce, peer);
-  int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0)
-    return "cannot open rank " + std::to_string(peer) + "'s segment " + path +
-           ": " + errno_text(errno);
-  seg.fd = fd;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
-      static_cast<size_t>(st.st_size) != bytes) {
-    return path + " is not a private segment of this user of " +
-           std::to_string(bytes) + " bytes";
-  }
-  void* base =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
-    return "cannot map " + path + ": " + errno_text(errno);
-  seg.base = base;
-  seg.bytes = bytes;
-  const auto* c = static_cast<const Control*>(base);
-  if (c->magic != kMagic || c->version != kVersion || c->rank != peer ||
-      c->size != o.size || c->chunk_bytes != o.chunk_bytes ||
-      std::strncmp(c->nonce, nonce.c_str(), sizeof(c->nonce)) != 0) {
-    return path + " does not hold rank " + std::to_string(peer) +
-           "'s segment of this job";
-  }
-  return "";
-}
 
 // Every rank posts its outcome of a phase under `key`; all read all. The
 // first failing rank's message, or empty when every rank succeeded.
@@ -306,39 +90,13 @@ size_t clamp_piece(size_t total, size_t lo, size_t cap) {
 
 }  // namespace
 
-int remove_stale_segments(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr)
-    return 0;
-  int removed = 0;
-  while (dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, kPrefix, std::strlen(kPrefix)) != 0)
-      continue;
-    const std::string path = dir + "/" + e->d_name;
-    int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-      continue;
-    struct stat st {};
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        st.st_uid == ::geteuid() && !owner_lock_held(fd)) {
-      if (::unlink(path.c_str()) == 0)
-        ++removed;
-    }
-    ::close(fd);
-  }
-  ::closedir(d);
-  return removed;
-}
-
 std::unique_ptr<Transport> Transport::connect(
     const Options& options, const Rendezvous& rv) {
   Options o = options;
-  if (o.chunk_bytes < 4096) {
-    throw std::invalid_argument(
-        "ronde: the shared-memory chunk must be at least 4096 bytes");
-  }
-  // Reduce-scatter and all-to-all give each rank a sub-area of a chunk:
-  // at least four cache lines each, whatever the rank count.
+  // The smallest chunk a job may ask for is checked with the settings.
+  // This rounding guards memory: reduce-scatter and all-to-all give each
+  // rank a sub-area of a chunk, at least four cache lines each, whatever
+  // the rank count, and a step never moves zero elements.
   o.chunk_bytes = std::max(o.chunk_bytes, 4 * kLine * o.size) / kLine * kLine;
   // Once per process, before its own segments exist: closing a descriptor
   // of a file drops this process's lock on it, so the sweep must never
@@ -537,9 +295,10 @@ void Transport::await_all(int counter, uint64_t step) {
     await((rank_ + i) % size_, counter, step);
 }
 
-void Transport::allreduce(void* buf, size_t count, int dtype, int op) {
+void Transport::allreduce(
+    void* buf, size_t count, DType dtype, Reduction op) {
   const ReduceNFn reduce = pick_reduce_n(dtype, op);
-  const size_t esz = element_size(dtype);
+  const size_t esz = dtype_size(dtype);
   if (reduce == nullptr || esz == 0)
     throw std::invalid_argument("ronde: shared memory cannot reduce this type");
   const bool split = count * esz >= split_bytes_;
@@ -623,9 +382,13 @@ void Transport::allgatherv(const void* in, void* out, const size_t* bytes) {
 }
 
 void Transport::reduce_scatter(
-    const void* in, void* out, const size_t* counts, int dtype, int op) {
+    const void* in,
+    void* out,
+    const size_t* counts,
+    DType dtype,
+    Reduction op) {
   const ReduceNFn reduce = pick_reduce_n(dtype, op);
-  const size_t esz = element_size(dtype);
+  const size_t esz = dtype_size(dtype);
   if (reduce == nullptr || esz == 0)
     throw std::invalid_argument("ronde: shared memory cannot reduce this type");
   // Each step carries one piece of every rank's block: a sub-area per rank.

@@ -6,6 +6,9 @@
 // moves at most one chunk per rank. docs/shared_memory.md has the protocol.
 #pragma once
 
+#include "comm/dtype_table.h"
+#include "runtime/tuning.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -18,20 +21,14 @@
 
 namespace ronde::detail::shm {
 
-struct Options {
+// The tuning values (runtime/tuning.h: where segments go, the chunk, the
+// split size) and this transport's place among the ranks. The chunk is
+// rounded down to a multiple of 64, and up to four cache lines per rank.
+struct Options : ShmTuning {
   int rank = 0;  // within the ranks this transport connects
   int size = 1;
-  // Where the segments are created (a tmpfs); named only until every rank
-  // has mapped them.
-  std::string dir = "/dev/shm";
-  // Bytes of one area: a step moves at most this much per rank. Rounded
-  // down to a multiple of 64; at least 4096.
-  size_t chunk_bytes = size_t{256} << 10;
-  // All-reduces of at least this many bytes reduce-scatter and then
-  // all-gather in memory; smaller ones are reduced whole by every rank.
-  size_t split_bytes = size_t{1} << 20;
   // A wait that makes no progress for this long fails.
-  std::chrono::milliseconds timeout{30000};
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // How long a wait spins before it sleeps.
   std::chrono::microseconds spin{200};
 };
@@ -65,8 +62,7 @@ struct Failure : std::runtime_error {
 struct Control;
 struct Segment;
 
-// Collectives take the element types and reductions of
-// comm/gloo_module/gloo_module_api.h (RONDE_GLOO_F32, RONDE_GLOO_SUM, ...).
+// Collectives take the element types and reductions of comm/dtype_table.h.
 // One thread calls them at a time; interrupt() may come from any thread.
 class Transport {
  public:
@@ -87,14 +83,18 @@ class Transport {
   }
 
   // In place.
-  void allreduce(void* buf, size_t count, int dtype, int op);
+  void allreduce(void* buf, size_t count, DType dtype, Reduction op);
   void broadcast(void* buf, size_t bytes, int root);
   // out receives every rank's bytes in rank order; bytes[r] is rank r's.
   void allgatherv(const void* in, void* out, const size_t* bytes);
   // in holds one block per rank, in rank order, counts[r] elements for rank
   // r; out receives this rank's block reduced over every rank.
   void reduce_scatter(
-      const void* in, void* out, const size_t* counts, int dtype, int op);
+      const void* in,
+      void* out,
+      const size_t* counts,
+      DType dtype,
+      Reduction op);
   // send_bytes[r] bytes go to rank r and recv_bytes[r] come from it; both
   // buffers are laid out in rank order.
   void alltoallv(

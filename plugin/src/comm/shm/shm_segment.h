@@ -1,0 +1,97 @@
+// One rank's shared-memory segment: its layout (a control block, then two
+// slots of an input and an output area each), how it is made, named,
+// mapped by peers, checked and removed. The step protocol on top of it is
+// shm_transport.cpp's. See docs/shared_memory.md, "Segments".
+#pragma once
+
+#include "comm/shm/shm_transport.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace ronde::detail::shm {
+
+// The identity every segment starts with; a peer checks it before use.
+constexpr uint64_t kMagic = 0x316d73656472'6f72;  // "rondesm1"
+constexpr uint32_t kVersion = 1;
+// The control block's bytes at the head of a segment; the areas follow.
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kLine = 64;  // a cache line: counters never share one
+
+enum State : uint32_t { kLive = 0, kAborted = 1, kClosed = 2 };
+enum CounterId : int { kPosted = 0, kReduced = 1, kConsumed = 2 };
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// The head of a rank's segment. Written by its owner: the identity before
+// any peer maps it, the counters and the state afterwards. Peers write
+// `sleepers` (they announce themselves before sleeping on `wake`).
+struct Control {
+  uint64_t magic = kMagic;
+  uint32_t version = kVersion;
+  int32_t rank = 0;
+  int32_t size = 0;
+  int32_t pid = 0;  // for messages only
+  uint64_t chunk_bytes = 0;
+  char nonce[40] = {0};
+  // counters[c]: the last step in which the owner reached point c of it.
+  struct alignas(kLine) Counter {
+    std::atomic<uint64_t> value{0};
+  };
+  Counter counters[3];
+  alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
+  std::atomic<uint32_t> sleepers{0};
+  std::atomic<uint32_t> state{kLive};
+};
+static_assert(sizeof(Control) <= kControlBytes);
+
+struct Segment {
+  int fd = -1;
+  void* base = nullptr;
+  size_t bytes = 0;
+  std::string path;  // set while this process must unlink it
+
+  Segment() = default;
+  Segment(Segment&& o) noexcept
+      : fd(o.fd),
+        base(o.base),
+        bytes(o.bytes),
+        path(std::move(o.path)) {
+    o.fd = -1;
+    o.base = nullptr;
+    o.path.clear();
+  }
+  Segment& operator=(Segment&&) = delete;
+  // Unmaps, unlinks while named, and closes: the owner's lock goes with
+  // the descriptor, so peers see the owner gone.
+  ~Segment();
+};
+
+// Bytes of a segment whose areas hold `chunk` bytes each.
+inline size_t segment_bytes(size_t chunk) {
+  return kControlBytes + 4 * chunk;
+}
+
+// Whether the owner of the segment open as `fd` still lives (it holds its
+// lock until it ends, however it ends); true when it cannot be told.
+bool owner_lock_held(int fd);
+
+// A fresh job nonce: the segments' names and identity.
+std::string random_nonce();
+
+// Makes this rank's segment (o.rank) under `nonce` in o.dir, initialised
+// and named; a message instead when it cannot. Only a fully made segment
+// with a live owner is ever named.
+std::string create_segment(
+    const Options& o, const std::string& nonce, Segment& seg);
+
+// Maps `peer`'s segment and checks that it is the one that peer made for
+// this job, private to this user; a message instead when it is not.
+std::string open_segment(
+    const Options& o, const std::string& nonce, int peer, Segment& seg);
+
+}  // namespace ronde::detail::shm

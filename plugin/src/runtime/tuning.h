@@ -1,0 +1,41 @@
+// The tuning values of ronde's data planes, each default written once: the
+// settings (runtime/settings.h) hold them as parsed from the environment,
+// the communicators (comm/) and the shared-memory transport embed them.
+// Header-only and free of LibTorch, so that comm/shm/ can include it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace ronde::detail {
+
+// Rendezvous and collective timeout (RONDE_TIMEOUT_SECONDS): long enough for
+// a slow rank's first step, short enough that a hung job fails while
+// someone still watches it.
+constexpr std::chrono::milliseconds kDefaultTimeout{30000};
+
+// The shared-memory backend for ranks that share a host (RONDE_SHM_*).
+struct ShmTuning {
+  // The smallest chunk a job may ask for: one page, below which the
+  // per-step synchronisation dominates. Checked where settings are parsed.
+  static constexpr size_t kMinChunkBytes = 4096;
+
+  // Where segments are made: a tmpfs on every Linux, so no disk is touched.
+  std::string dir = "/dev/shm";
+  // Bytes one step moves per rank: large enough to amortise a step's
+  // synchronisation, small enough that two slots per rank stay in L2.
+  size_t chunk_bytes = size_t{256} << 10;
+  // All-reduces from this size reduce-scatter and all-gather in memory;
+  // below it one sync of everyone reducing everything is cheaper.
+  size_t split_bytes = size_t{1} << 20;
+};
+
+// The host backend across hosts (RONDE_GLOO_*).
+struct GlooTuning {
+  // The all-reduce algorithm: "ring" or "bcube"; the ring is bandwidth
+  // optimal and Gloo's own default.
+  std::string algorithm = "ring";
+};
+
+}  // namespace ronde::detail
