@@ -70,7 +70,8 @@ void reduce_payloads(
   for (size_t r = 0; r < n; ++r)
     in[r] = ex.payloads[r] + first * elem;
   ReduceNFn fn = pick_reduce_n(
-      host_dtype(out.scalar_type()), host_op(backend_op(op)));
+      static_cast<DType>(host_dtype(out.scalar_type())),
+      host_reduction(backend_op(op)));
   TORCH_INTERNAL_ASSERT(fn != nullptr, "no host reduction for this dtype");
   if (count > 0)
     fn(out.data_ptr(), in.data(), static_cast<int>(n), count);

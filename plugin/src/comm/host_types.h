@@ -41,6 +41,12 @@ inline int host_op(BackendOp op) {
   TORCH_INTERNAL_ASSERT(false, "unknown reduction");
 }
 
+// The same as the table's Reduction, for the kernels of libronde itself
+// (shared memory, the collectives' inline reductions).
+inline Reduction host_reduction(BackendOp op) {
+  return static_cast<Reduction>(host_op(op));
+}
+
 // The dtype code of a tensor a host backend is asked to reduce.
 inline int checked_host_dtype(const at::Tensor& t, const char* backend) {
   const int dtype = host_dtype(t.scalar_type());

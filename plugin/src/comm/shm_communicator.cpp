@@ -56,7 +56,7 @@ class ShmCommunicator final : public Communicator {
           h.data_ptr(),
           h.numel(),
           static_cast<DType>(dtype),
-          static_cast<Reduction>(host_op(op)));
+          host_reduction(op));
     });
     copy_back(tensor, h);
   }
@@ -76,7 +76,7 @@ class ShmCommunicator final : public Communicator {
           ho.data_ptr(),
           c.data(),
           static_cast<DType>(dtype),
-          static_cast<Reduction>(host_op(op)));
+          host_reduction(op));
     });
     copy_back(out, ho);
   }

@@ -152,14 +152,4 @@ ReduceNFn pick_n_for_op(ronde::detail::DType dtype) {
   return nullptr;
 }
 
-// The same by the Gloo module's codes (host_types.h's host_dtype and
-// host_op), which are the table's.
-[[maybe_unused]] ReduceNFn pick_reduce_n(int dtype, int op) {
-  if (!ronde::detail::dtype_known(dtype) || op < 0 || op > 3)
-    return nullptr;
-  return pick_reduce_n(
-      static_cast<ronde::detail::DType>(dtype),
-      static_cast<ronde::detail::Reduction>(op));
-}
-
 }  // namespace
