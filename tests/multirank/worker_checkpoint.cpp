@@ -10,6 +10,8 @@
 //   worker checkpoint DIR TOTAL EVERY KILL_AT|bKILL_AT
 #include <ronde/ronde.h>
 
+#include "scenario_registry.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -182,8 +184,6 @@ int scenario_stall(double sleep_s) {
   return 0;
 }
 
-}  // namespace
-
 // A checkpoint saved while the last rank is in ronde::join(), restored
 // once every rank is back: the model as the others saved it on every rank,
 // their random streams as they were at the save, and on the joined rank
@@ -248,16 +248,19 @@ int scenario_save_while_joined(const std::string& dir) {
   return failures == 0 ? 0 : 1;
 }
 
-int run_checkpoint_scenario(int argc, char** argv) {
-  std::string name = argc > 1 ? argv[1] : "";
-  if (name == "save_while_joined" && argc == 3)
-    return scenario_save_while_joined(argv[2]);
-  if (name == "stall") {
-    return scenario_stall(argc > 2 ? std::stod(argv[2]) : 5);
+RONDE_SCENARIO(save_while_joined) {
+  if (argc != 3) {
+    std::cerr << "usage: worker save_while_joined DIR" << std::endl;
+    return 2;
   }
-  if (name != "checkpoint") {
-    return -1;
-  }
+  return scenario_save_while_joined(argv[2]);
+}
+
+RONDE_SCENARIO(stall) {
+  return scenario_stall(argc > 2 ? std::stod(argv[2]) : 5);
+}
+
+RONDE_SCENARIO(checkpoint) {
   if (argc != 6) {
     std::cerr << "usage: worker checkpoint DIR TOTAL EVERY [b]KILL_AT"
               << std::endl;
@@ -282,3 +285,5 @@ int run_checkpoint_scenario(int argc, char** argv) {
     return 3;
   }
 }
+
+}  // namespace

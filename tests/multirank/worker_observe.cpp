@@ -3,6 +3,7 @@
 // on every rank against what the process itself reads.
 #include <ronde/ronde.h>
 
+#include "scenario_registry.h"
 #include "worker_checks.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -200,14 +201,12 @@ int scenario_monitor_resources(const std::string& dir) {
   return ronde::testing::scenario_exit_code();
 }
 
-}  // namespace
-
-int run_observe_scenario(int argc, char** argv) {
-  const std::string name = argc > 1 ? argv[1] : "";
-  const std::string dir = argc > 2 ? argv[2] : "/tmp";
-  if (name == "profiler")
-    return scenario_profiler(dir);
-  if (name == "monitor_resources")
-    return scenario_monitor_resources(dir);
-  return -1;
+RONDE_SCENARIO(profiler) {
+  return scenario_profiler(argc > 2 ? argv[2] : "/tmp");
 }
+
+RONDE_SCENARIO(monitor_resources) {
+  return scenario_monitor_resources(argc > 2 ? argv[2] : "/tmp");
+}
+
+}  // namespace

@@ -4,6 +4,7 @@
 // gradients and the running statistics with it.
 #include <ronde/ronde.h>
 
+#include "scenario_registry.h"
 #include "worker_checks.h"
 
 #include <torch/torch.h>
@@ -47,7 +48,7 @@ double excess(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs() / (b.abs() * 1e-6 + 1e-6)).max().item<double>();
 }
 
-int scenario_sync_bn() {
+RONDE_SCENARIO(sync_bn) {
   ronde::init();
   const int rank = ronde::rank(), size = ronde::size();
   auto opts = torch::nn::BatchNormOptions(3).momentum(0.2);
@@ -148,7 +149,7 @@ std::map<std::string, torch::Tensor> state_of(torch::nn::Module& m) {
   return s;
 }
 
-int scenario_convert_sync_bn() {
+RONDE_SCENARIO(convert_sync_bn) {
   ronde::init();
   torch::manual_seed(3);
   auto block = std::make_shared<Block>();
@@ -199,12 +200,3 @@ int scenario_convert_sync_bn() {
 }
 
 }  // namespace
-
-int run_sync_bn_scenario(int argc, char** argv) {
-  const std::string name = argc > 1 ? argv[1] : "";
-  if (name == "sync_bn")
-    return scenario_sync_bn();
-  if (name == "convert_sync_bn")
-    return scenario_convert_sync_bn();
-  return -1;
-}

@@ -1,0 +1,189 @@
+// ronde.torch._C's gradient engine: Compression, StepProfile and
+// GradientReducer, which the Python DistributedOptimizer drives (its
+// buckets, its step with the Python optimizer's own step inside, its
+// autotuned bucket sizes), and the check that every parameter the
+// optimizer steps is averaged.
+#include "bindings.h"
+
+#include <ronde/collectives.h>
+#include <ronde/gradient_reducer.h>
+#include <ronde/process_set.h>
+
+#include <torch/extension.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ronde::detail {
+namespace {
+
+DistributedOptimizerOptions make_options(
+    double fusion_threshold_mb,
+    double first_bucket_mb,
+    int64_t backward_passes_per_step,
+    bool average_aggregated_gradients,
+    ReduceOp op,
+    double gradient_predivide_factor,
+    bool gradient_as_bucket_view,
+    Compression compression,
+    bool rebuild_buckets,
+    bool autotune,
+    const ProcessSet& process_set,
+    bool divide_by_set_size) {
+  return DistributedOptimizerOptions()
+      .fusion_threshold_mb(fusion_threshold_mb)
+      .first_bucket_mb(first_bucket_mb)
+      .backward_passes_per_step(backward_passes_per_step)
+      .average_aggregated_gradients(average_aggregated_gradients)
+      .op(op)
+      .gradient_predivide_factor(gradient_predivide_factor)
+      .gradient_as_bucket_view(gradient_as_bucket_view)
+      .compression(compression)
+      .rebuild_buckets(rebuild_buckets)
+      .autotune(autotune)
+      .process_set(process_set)
+      .divide_by_set_size(divide_by_set_size);
+}
+
+}  // namespace
+
+void bind_optimizer(py::module_& m) {
+  py::enum_<Compression>(m, "Compression")
+      .value("none", Compression::None)
+      .value("fp16", Compression::FP16)
+      .value("bf16", Compression::BF16);
+
+  // DistributedOptimizer's check: a parameter the optimizer steps but
+  // nobody averages would let replicas drift apart.
+  m.def("_check_optimizer_parameters", &check_param_groups_covered);
+
+  // The gradient engine.
+  py::class_<StepProfile>(m, "StepProfile")
+      .def_readonly("hooks_before_launch", &StepProfile::hooks_before_launch)
+      .def_readonly("hooks", &StepProfile::hooks)
+      .def_readonly("wait_seconds", &StepProfile::wait_seconds);
+  py::class_<GradientReducer>(m, "GradientReducer")
+      .def(
+          py::init([](const std::vector<std::string>& names,
+                      const std::vector<at::Tensor>& params,
+                      double fusion_threshold_mb,
+                      double first_bucket_mb,
+                      int64_t backward_passes_per_step,
+                      bool average_aggregated_gradients,
+                      ReduceOp op,
+                      double gradient_predivide_factor,
+                      bool gradient_as_bucket_view,
+                      Compression compression,
+                      bool rebuild_buckets,
+                      bool autotune,
+                      const ProcessSet& process_set,
+                      bool divide_by_set_size) {
+            return std::make_unique<GradientReducer>(
+                names,
+                params,
+                make_options(
+                    fusion_threshold_mb,
+                    first_bucket_mb,
+                    backward_passes_per_step,
+                    average_aggregated_gradients,
+                    op,
+                    gradient_predivide_factor,
+                    gradient_as_bucket_view,
+                    compression,
+                    rebuild_buckets,
+                    autotune,
+                    process_set,
+                    divide_by_set_size));
+          }),
+          py::arg("names"),
+          py::arg("parameters"),
+          py::arg("fusion_threshold_mb") = 0.0,
+          py::arg("first_bucket_mb") = 1.0,
+          py::arg("backward_passes_per_step") = 1,
+          py::arg("average_aggregated_gradients") = true,
+          py::arg("op") = ReduceOp::Average,
+          py::arg("gradient_predivide_factor") = 1.0,
+          py::arg("gradient_as_bucket_view") = true,
+          py::arg("compression") = Compression::None,
+          py::arg("rebuild_buckets") = true,
+          py::arg("autotune") = false,
+          py::arg("process_set") = ProcessSet(),
+          py::arg("divide_by_set_size") = false,
+          release_gil())
+      .def("synchronize", &GradientReducer::synchronize, release_gil())
+      .def("synchronized", &GradientReducer::synchronized)
+      .def("finish_step", &GradientReducer::finish_step)
+      .def("skip_step", &GradientReducer::skip_step, release_gil())
+      .def("gradient_buffers", &GradientReducer::gradient_buffers)
+      .def("buckets", &GradientReducer::buckets)
+      .def("last_step_profile", &GradientReducer::last_step_profile)
+      // (bucket MiB, first bucket MiB, autotuned), and its setter: what
+      // the Python optimizer's state_dict() keeps of autotune.
+      .def(
+          "bucket_sizing",
+          [](const GradientReducer& r) {
+            const BucketSizing b = r.bucket_sizing();
+            return py::make_tuple(
+                b.fusion_threshold_mb, b.first_bucket_mb, b.autotuned);
+          })
+      .def(
+          "set_bucket_sizing",
+          [](GradientReducer& r, double fusion, double first, bool tuned) {
+            r.set_bucket_sizing(BucketSizing{fusion, first, tuned});
+          },
+          py::arg("fusion_threshold_mb"),
+          py::arg("first_bucket_mb"),
+          py::arg("autotuned"))
+      .def("names", &GradientReducer::names)
+      .def(
+          "backward_passes_per_step",
+          [](const GradientReducer& r) {
+            return r.options().backward_passes_per_step();
+          })
+      // The engine's step (GradientReducer::step): `update(closure)` is the
+      // Python optimizer's own step; `closure` the user's, or None. The GIL
+      // is held only while Python code runs, not while waiting on ranks.
+      .def(
+          "step",
+          [](GradientReducer& r,
+             py::function update,
+             py::object closure,
+             bool synchronize) {
+            // Python objects are captured by reference: copying them needs
+            // the GIL, which the engine does not hold.
+            GradientReducer::Closure user;
+            if (!closure.is_none()) {
+              user = [&closure]() -> at::Tensor {
+                py::gil_scoped_acquire gil;
+                py::object loss = closure();
+                return loss.is_none() ? at::Tensor() : loss.cast<at::Tensor>();
+              };
+            }
+            // The optimizer's step may return anything (a loss, a float,
+            // None): kept as the Python object it is.
+            py::object result = py::none();
+            auto call_update =
+                [&update, &result](GradientReducer::Closure synced) {
+                  py::gil_scoped_acquire gil;
+                  py::object c = py::none();
+                  if (synced) {
+                    c = py::cpp_function(
+                        [synced]() { return synced(); },
+                        py::call_guard<py::gil_scoped_release>());
+                  }
+                  result = update(c);
+                  return at::Tensor();
+                };
+            {
+              py::gil_scoped_release release;
+              r.step(call_update, user, synchronize);
+            }
+            return result;
+          },
+          py::arg("update"),
+          py::arg("closure") = py::none(),
+          py::arg("synchronize") = true);
+}
+
+}  // namespace ronde::detail

@@ -1,0 +1,190 @@
+// Scenarios of the collectives on the whole job: every collective against
+// the reference (collectives), a digest of sums for comparing algorithms
+// across jobs (digest), and calls whose arguments differ between ranks
+// (mismatch).
+#include <ronde/collectives.h>
+#include <ronde/errors.h>
+#include <ronde/runtime.h>
+
+#include "scenario_registry.h"
+#include "worker_checks.h"
+#include "worker_reference.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using namespace ronde::testing;
+
+RONDE_SCENARIO(collectives) {
+  ronde::init();
+  // Whichever launcher convention started this rank.
+  const char* size_env = nullptr;
+  const char* rank_env = nullptr;
+  for (auto [size_var, rank_var] :
+       {std::pair{"RONDE_SIZE", "RONDE_RANK"},
+        std::pair{"WORLD_SIZE", "RANK"},
+        std::pair{"SLURM_NTASKS", "SLURM_PROCID"}}) {
+    const char* v = std::getenv(size_var);
+    if (size_env == nullptr && v != nullptr && *v != '\0') {
+      size_env = v;
+      rank_env = std::getenv(rank_var);
+    }
+  }
+  bool launched = size_env != nullptr;
+  CHECK_W(ronde::size() == (launched ? std::atoi(size_env) : 1), "size");
+  CHECK_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
+  CHECK_W(ronde::device() == c10::Device(c10::kCPU), "device");
+  std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
+  std::cout << "TOPOLOGY: " << ronde::local_rank() << " "
+            << ronde::local_size() << " " << ronde::cross_rank() << " "
+            << ronde::cross_size() << std::endl;
+  check_allreduce();
+  check_allgather();
+  check_broadcast();
+  check_alltoall();
+  check_reducescatter();
+  check_async();
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// Sums of random floating tensors (below, across and far beyond a chunk)
+// and a digest of their bits: the test compares digests across ranks, and
+// across jobs that reduce by different algorithms.
+RONDE_SCENARIO(digest) {
+  ronde::init();
+  const int me = ronde::rank();
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  int64_t seed = 7;
+  for (auto dtype : kFloatTypes) {
+    // The largest goes through the hierarchical all-reduce's pipeline in
+    // 8 MiB pieces: float in two (the second short), double in three (a
+    // one-element tail joined to the last), 16-bit types whole.
+    for (int64_t count :
+         {int64_t{5}, int64_t{3000}, int64_t{300001}, int64_t{3145729}}) {
+      at::Tensor got = ronde::allreduce(
+          input_for(me, ++seed, {count}, dtype),
+          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+      CHECK_W(
+          close_sum(got, ronde::size(), seed, {count}, dtype),
+          "digest sum ", dtype, " ", count);
+      const auto* p = static_cast<const uint8_t*>(got.data_ptr());
+      for (size_t i = 0; i < got.nbytes(); ++i)
+        h = (h ^ p[i]) * 1099511628211ull;
+    }
+  }
+  std::cout << "DIGEST: " << std::hex << h << std::dec << std::endl;
+  std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+RONDE_SCENARIO(mismatch) {
+  ronde::init();
+  const int me = ronde::rank();
+  // The shape differs on the last rank.
+  auto shape_mismatch = [&](const std::string& name) {
+    expect_error(
+        [&] {
+          int64_t cols = me == ronde::size() - 1 ? 6 : 5;
+          ronde::allreduce(
+              at::ones({4, cols}), ronde::AllreduceOptions().name(name));
+        },
+        {"disagree", "'" + name + "'", "Float[4, 5]", "Float[4, 6]"});
+  };
+  // Calls every rank made before are checked by their fingerprints alone
+  // (the full descriptors travel only for a first call): both shapes below
+  // are known everywhere, so only the fingerprints can tell the ranks
+  // apart, and they must, on every rank.
+  for (int64_t cols : {5, 6}) {
+    for (int i = 0; i < 3; ++i)
+      ronde::allreduce(
+          at::ones({4, cols}), ronde::AllreduceOptions().name("known"));
+  }
+  shape_mismatch("known");
+  // A bad argument on one rank only (rank 1's splits) is reported on every
+  // rank.
+  const int n = ronde::size();
+  auto bad_splits = [&](const std::string& name) {
+    expect_error(
+        [&] {
+          std::vector<int64_t> splits(n, 1);
+          if (me == 1)
+            splits[0] = 5;
+          ronde::alltoall(
+              at::ones({n}), ronde::AlltoallOptions().splits(splits).name(name));
+        },
+        {"rejected", "rank 1: splits sum to"});
+  };
+  // A complaint about a call seen before is still every rank's error.
+  for (int i = 0; i < 2; ++i) {
+    ronde::alltoall(
+        at::ones({n}),
+        ronde::AlltoallOptions()
+            .splits(std::vector<int64_t>(n, 1))
+            .name("known"));
+  }
+  bad_splits("known");
+  // A first call with that mismatch.
+  shape_mismatch("weights");
+  // Op differs.
+  expect_error(
+      [&] {
+        ronde::allreduce(
+            at::ones({3}),
+            ronde::AllreduceOptions().op(
+                me == 0 ? ronde::ReduceOp::Sum : ronde::ReduceOp::Max));
+      },
+      {"disagree", "allreduce(sum)", "allreduce(max)"});
+  // Dtype differs.
+  expect_error(
+      [&] {
+        ronde::allreduce(at::ones({3}, me == 0 ? at::kFloat : at::kDouble));
+      },
+      {"disagree", "Float[3]", "Double[3]"});
+  // Root differs.
+  expect_error(
+      [&] { ronde::broadcast(at::ones({3}), me == 0 ? 0 : 1); },
+      {"disagree", "root 0", "root 1"});
+  // Different collectives altogether.
+  expect_error(
+      [&] {
+        if (me == 0) {
+          ronde::allgather(at::ones({2}));
+        } else {
+          ronde::allreduce(at::ones({2}));
+        }
+      },
+      {"disagree", "allgather", "allreduce"});
+  // Allgather: dims beyond 0 must agree.
+  expect_error(
+      [&] {
+        ronde::allgather(at::ones({2, me + 1}));
+      },
+      {"disagree", "allgather"});
+  // The same about a first call.
+  bad_splits("bad");
+  expect_error(
+      [&] { ronde::allreduce(at::ones({2}, at::kInt)); },
+      {"average of integer tensors"});
+  expect_error([&] { ronde::broadcast(at::ones({2}), 99); }, {"root rank 99"});
+  // The communicator is still healthy afterwards.
+  at::Tensor got = ronde::allreduce(
+      at::ones({3}) * (me + 1),
+      ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  CHECK_W(
+      at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
+      "allreduce after mismatches");
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+}  // namespace
