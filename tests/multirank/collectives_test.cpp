@@ -1,6 +1,6 @@
 // Multirank tests of the runtime and the collectives: real processes on
 // loopback, each checking its results against a reference it computes
-// itself (see worker.cpp).
+// itself (see worker_collectives.cpp and worker_reference.h).
 #include "harness.h"
 
 #include <gtest/gtest.h>
@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Two halves of the job run every collective at once, each on its own
 // set (of one rank at 2 and 3 ranks), then overlapping sets one after the
-// other, and the error cases (worker.cpp, scenario_process_sets).
+// other, and the error cases (worker_process_sets.cpp, process_sets).
 class ProcessSets : public Collectives {};
 
 TEST_P(ProcessSets, EveryCollectiveOnDisjointAndOverlappingSets) {
