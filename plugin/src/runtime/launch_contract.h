@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace ronde::detail {
 
@@ -25,6 +26,17 @@ constexpr char kTimeoutSecondsVar[] = "RONDE_TIMEOUT_SECONDS";
 constexpr char kTimelineVar[] = "RONDE_TIMELINE";
 // In a RONDE_TIMELINE path, replaced by each rank with its rank.
 constexpr char kRankPlaceholder[] = "{rank}";
+
+// Replaces the first kRankPlaceholder in `path` with `rank`; false when
+// there is none. The metrics file (--metrics-out) takes the same form.
+inline bool substitute_rank(std::string& path, int rank) {
+  const size_t at = path.find(kRankPlaceholder);
+  if (at == std::string::npos) {
+    return false;
+  }
+  path.replace(at, sizeof(kRankPlaceholder) - 1, std::to_string(rank));
+  return true;
+}
 
 // The path of the job secret (docs/security.md); never the secret itself.
 constexpr char kJobSecretFileVar[] = "RONDE_JOB_SECRET_FILE";

@@ -2,6 +2,7 @@
 #include <ronde/timeline.h>
 
 #include "runtime/json_text.h"
+#include "runtime/launch_contract.h"
 #include "runtime/span.h"
 
 #include <ATen/record_function.h>
@@ -71,9 +72,8 @@ Timeline& timeline() {
 
 std::string rank_path(const std::string& path, int rank, int size) {
   std::string p = path;
-  auto at = p.find("{rank}");
-  if (at != std::string::npos) {
-    return p.replace(at, 6, std::to_string(rank));
+  if (detail::substitute_rank(p, rank)) {
+    return p;
   }
   if (size <= 1) {
     return p;

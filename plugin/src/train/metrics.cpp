@@ -6,6 +6,7 @@
 #include <ronde/runtime.h>
 
 #include "runtime/json_text.h"
+#include "runtime/launch_contract.h"
 #include "runtime/posix_io.h"
 #include "runtime/settings.h"
 #include "train/resources.h"
@@ -103,10 +104,7 @@ TrainingMonitor::TrainingMonitor(MonitorOptions options, std::ostream& out)
   printing_ = rank_ == 0 || options_.all_ranks();
   if (!options_.metrics_out().empty() && printing_) {
     std::string path = options_.metrics_out();
-    auto at = path.find("{rank}");
-    if (at != std::string::npos) {
-      path.replace(at, 6, std::to_string(rank_));
-    } else if (rank_ != 0) {
+    if (!detail::substitute_rank(path, rank_) && rank_ != 0) {
       // all_ranks without {rank}: only rank 0 owns the file.
       path.clear();
     }
