@@ -6,6 +6,7 @@
 #include <ronde/collectives.h>
 
 #include "comm/collective_bodies.h"
+#include "comm/host_types.h"
 #include "comm/jobs.h"
 #include "comm/world.h"
 
