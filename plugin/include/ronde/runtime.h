@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 #include <torch/arg.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -79,4 +80,32 @@ c10::Device device();
 // tensors then go to NCCL unless RONDE_CUDA_BACKEND=gloo. Needs no init().
 bool nccl_built();
 
+namespace elastic {
+
+// What a change of world gave.
+struct WorldChange {
+  int64_t epoch = 0;  // the membership epoch now in force (0 at init())
+  int old_rank = 0;
+  int old_size = 1;
+  int rank = 0;
+  int size = 1;
+  // The new world's ranks, by rank, as their ranks at launch (which a
+  // process keeps for life).
+  std::vector<int> members;
+};
+
+// The change of world run() makes after a failure, for a loop of one's own
+// (the Python binding's): drops every communicator of this world (added
+// process sets too: their handles then refuse use), meets the other
+// survivors in the store under the next membership epoch, leaving out
+// `suspect_ranks` (ranks of this world, from the CommError) and whoever
+// does not come within the timeout, and connects the new world; survivors
+// keep their order, so the lowest becomes rank 0. Throws CommError of kind
+// Rendezvous, with ronde shut down, when fewer ranks than
+// RONDE_ELASTIC_MIN_NP are left within the timeout, when the store is gone
+// (hosted by a rank that died: run under ronderun --min-np), or when this
+// rank was left out.
+WorldChange change_world(const std::vector<int>& suspect_ranks);
+
+}  // namespace elastic
 }  // namespace ronde

@@ -100,6 +100,17 @@ void stop_added_sets(World& w) {
   }
 }
 
+void interrupt_all_sets(World& w) {
+  if (w.global && w.global->comm)
+    w.global->comm->interrupt();
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  for (auto& [id, g] : w.sets) {
+    (void)id;
+    if (g->comm)
+      g->comm->interrupt();
+  }
+}
+
 void close_added_sets(World& w) {
   std::lock_guard<std::mutex> lock(w.sets_mutex);
   for (auto& [id, g] : w.sets) {

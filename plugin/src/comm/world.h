@@ -87,5 +87,9 @@ std::unique_ptr<World> remove_world();
 // and marks them removed (after it).
 void stop_added_sets(World& w);
 void close_added_sets(World& w);
+// An elastic change of world: interrupts every set's communicator (the
+// global one too), so that whatever is queued or blocked on a dead peer
+// fails at once and the workers can be stopped without waiting.
+void interrupt_all_sets(World& w);
 
 }  // namespace ronde::detail

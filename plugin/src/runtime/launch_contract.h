@@ -20,6 +20,12 @@ constexpr char kCrossSizeVar[] = "RONDE_CROSS_SIZE";
 constexpr char kRendezvousAddrVar[] = "RONDE_RENDEZVOUS_ADDR";
 constexpr char kRendezvousPortVar[] = "RONDE_RENDEZVOUS_PORT";
 constexpr char kJobIdVar[] = "RONDE_JOB_ID";
+// "1": the launcher hosts the store at that address (an elastic job's
+// store outlives every rank); every rank joins it as a client.
+constexpr char kStoreHostedVar[] = "RONDE_STORE_HOSTED";
+// An elastic job (ronderun --min-np): the fewest ranks it goes on with
+// after a failure. Read as a setting by every rank.
+constexpr char kElasticMinRanksVar[] = "RONDE_ELASTIC_MIN_NP";
 
 // Set by --timeout and --timeline; read as settings by every rank.
 constexpr char kTimeoutSecondsVar[] = "RONDE_TIMEOUT_SECONDS";

@@ -201,6 +201,7 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
         r.num(kCrossSizeVar, 1, kMaxRanks).value_or(info.cross_size);
     read_address(r, info);
     info.job_id = r.str(kJobIdVar).value_or("default");
+    info.store_hosted = r.str(kStoreHostedVar).value_or("") == "1";
     validate(info, kRankVar, kSizeVar);
   } else if (r.str("RANK") || r.str("WORLD_SIZE")) {
     info.source = "torchrun";

@@ -4,6 +4,7 @@
 // tested without touching the process environment.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,7 +23,12 @@ struct LaunchInfo {
   std::string job_id = "default";
   // The launcher already hosts a store at addr:port (torchrun's agent,
   // TORCHELASTIC_USE_AGENT_STORE=True): every rank joins it as a client.
+  // Also ronderun's elastic store (RONDE_STORE_HOSTED=1).
   bool store_hosted = false;
+  // The membership epoch: 0 at init(), one more at each change of world in
+  // an elastic job. Every store key of a later epoch is apart from those of
+  // earlier ones (job_key()).
+  uint64_t epoch = 0;
   // Which convention supplied the values: "ronde", "torchrun", "slurm",
   // "openmpi", or "none" (no launcher: one process, no network).
   std::string source = "none";

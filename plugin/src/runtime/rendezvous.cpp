@@ -22,6 +22,15 @@ namespace ronde::detail {
 namespace {
 
 constexpr const char* kIdentityKey = "ronde/identity";
+
+// Where rank 0 publishes the identity: outside any job's prefix at the
+// first meeting (another job's process reads it there and leaves), within
+// the epoch's keys afterwards (the store is known to be this job's, and a
+// later epoch's challenge must not be confused with an earlier one's).
+std::string identity_key(const LaunchInfo& info) {
+  return info.epoch == 0 ? std::string(kIdentityKey)
+                         : job_key(info, "identity");
+}
 // Outside any job's prefix: a process of another job counts itself here.
 constexpr const char* kRefusedKey = "ronde/refused";
 constexpr size_t kChallengeBytes = 32;
@@ -53,11 +62,12 @@ std::optional<Key32> check_identity(
     const std::string identity = encode_identity(
         info.job_id, info.size, secret_key ? &*secret_key : nullptr, challenge);
     store.set(
-        kIdentityKey, std::vector<uint8_t>(identity.begin(), identity.end()));
+        identity_key(info),
+        std::vector<uint8_t>(identity.begin(), identity.end()));
     if (secret_key)
       run = run_key(*secret_key, challenge);
   } else {
-    auto v = store.get(kIdentityKey);
+    auto v = store.get(identity_key(info));
     const IdentityRecord theirs =
         decode_identity(std::string(v.begin(), v.end()));
     const std::string me =
@@ -117,7 +127,10 @@ std::optional<Key32> check_identity(
 }  // namespace
 
 std::string job_key(const LaunchInfo& info, const std::string& suffix) {
-  return "ronde/" + info.job_id + "/" + suffix;
+  if (info.epoch == 0)
+    return "ronde/" + info.job_id + "/" + suffix;
+  return "ronde/" + info.job_id + "/e" + std::to_string(info.epoch) + "/" +
+      suffix;
 }
 
 CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {
@@ -169,7 +182,21 @@ c10::intrusive_ptr<c10d::Store> join_store(
     const LaunchInfo& info,
     const Settings& settings,
     std::chrono::milliseconds timeout,
-    const std::optional<Key32>& secret_key) {
+    const std::optional<Key32>& secret_key,
+    c10::intrusive_ptr<c10d::Store>* connection) {
+  if (connection != nullptr && *connection) {
+    try {
+      if (auto run = check_identity(**connection, info, secret_key))
+        return c10::make_intrusive<SignedStore>(*connection, *run, info.rank);
+      return *connection;
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw rendezvous_error(
+          info,
+          std::string("cannot reach the rendezvous store: ") + error_text(e));
+    }
+  }
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.port);
   so.isServer = info.rank == 0 && !info.store_hosted;
@@ -182,6 +209,8 @@ c10::intrusive_ptr<c10d::Store> join_store(
   try {
     c10::intrusive_ptr<c10d::Store> store =
         c10::make_intrusive<c10d::TCPStore>(info.addr, so);
+    if (connection != nullptr)
+      *connection = store;
     if (auto run = check_identity(*store, info, secret_key))
       return c10::make_intrusive<SignedStore>(
           std::move(store), *run, info.rank);

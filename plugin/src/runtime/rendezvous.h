@@ -49,12 +49,16 @@ std::optional<Key32> load_job_key(
 // every rank checks every other's. A process refused here (another job, no
 // secret, another secret) says why and counts itself under ronde/refused,
 // which rank 0 reports (refused_count). Throws CommError of kind
-// Rendezvous.
+// Rendezvous. `connection`, when given: the connection to reuse when it
+// holds one (an elastic job's later epochs; on rank 0 of a job without a
+// hosted store it is the server, which must outlive every epoch), else
+// where the new one is kept.
 c10::intrusive_ptr<c10d::Store> join_store(
     const LaunchInfo& info,
     const Settings& settings,
     std::chrono::milliseconds timeout,
-    const std::optional<Key32>& job_key);
+    const std::optional<Key32>& job_key,
+    c10::intrusive_ptr<c10d::Store>* connection = nullptr);
 
 // How many processes were refused at this store so far (see join_store);
 // -1 when the store cannot be reached.

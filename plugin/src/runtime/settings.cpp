@@ -2,6 +2,7 @@
 #include "runtime/settings.h"
 
 #include "runtime/launch_contract.h"
+#include "runtime/launch_env.h"
 
 #include <c10/util/Exception.h>
 
@@ -106,6 +107,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_SHM_SPLIT_BYTES",
       kJobSecretFileVar,
       "RONDE_CHECKPOINT_KEY_FILE",
+      kElasticMinRanksVar,
   };
   return names;
 }
@@ -172,6 +174,9 @@ Settings read_settings(const EnvLookup& env) {
     s.shm_tuning.split_bytes = *split;
   s.job_secret_file = text(env, kJobSecretFileVar);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
+  const std::string min_np = text(env, kElasticMinRanksVar);
+  if (!min_np.empty())
+    s.elastic_min_ranks = parse_env_int(kElasticMinRanksVar, min_np, 1, 1 << 20);
   return s;
 }
 

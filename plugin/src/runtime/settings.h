@@ -64,6 +64,9 @@ struct Settings {
   std::string job_secret_file;
   // RONDE_CHECKPOINT_KEY_FILE: the default key of every Checkpointer.
   std::string checkpoint_key_file;
+  // RONDE_ELASTIC_MIN_NP: the fewest ranks an elastic job goes on with
+  // after a failure (ronderun --min-np sets it).
+  int elastic_min_ranks = 1;
 };
 
 // Parses every variable that `env` holds; throws c10::Error naming the

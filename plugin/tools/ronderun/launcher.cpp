@@ -9,6 +9,7 @@
 #include "runtime/posix_io.h"
 #include "secret.h"
 #include "signals.h"
+#include "store_host.h"
 #include "supervisor.h"
 #include "timeline_dir.h"
 
@@ -32,6 +33,7 @@ class Job {
   bool prepare();
   bool fail(const std::string& error);
   bool open_dev_null();
+  bool start_store_host();
   bool any_remote_host() const;
   JobContext context() const;
   void report_start();
@@ -40,6 +42,7 @@ class Job {
   Sinks sinks_;
   SignalForwarding signals_;
   JobSecret secret_;
+  StoreHost store_host_;  // an elastic job's store
   int dev_null_fd_ = -1;
   double kill_grace_seconds_ = kDefaultKillGraceSeconds;
 };
@@ -92,6 +95,22 @@ bool Job::prepare() {
       getenv(kJobSecretFileVar), any_remote_host(), getenv("TMPDIR")));
 }
 
+// An elastic job's store lives here, not in rank 0, so that it outlives
+// every rank.
+bool Job::start_store_host() {
+  char self[4096] = {0};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string program =
+      n > 0 ? find_store_program(std::string(self, static_cast<size_t>(n)))
+            : std::string();
+  if (program.empty()) {
+    return fail(
+        "--min-np needs ronde_store, the store host, beside ronderun (or in "
+        "the ronde package of its environment), and it is not there");
+  }
+  return fail(store_host_.start(program, options_.port, 30000));
+}
+
 JobContext Job::context() const {
   JobContext job;
   job.secret_file = secret_.file();
@@ -125,6 +144,9 @@ int Job::run() {
   if (!prepare()) {
     return kFailureExitCode;
   }
+  if (options_.min_ranks > 0 && !start_store_host()) {
+    return kFailureExitCode;
+  }
   const std::vector<RankLaunch> launches =
       rank_launches(options_, process_environment(), context());
   if (options_.verbose) {
@@ -134,6 +156,7 @@ int Job::run() {
   config.prefix = options_.prefix;
   config.verbose = options_.verbose;
   config.kill_grace_seconds = kill_grace_seconds_;
+  config.elastic = options_.min_ranks > 0;
   Supervisor supervisor(config, sinks_, signals_);
   supervisor.start(
       launches,
@@ -141,6 +164,7 @@ int Job::run() {
       secret_.bytes(),
       ChildSetup{&signals_, parent_pid, dev_null_fd_});
   supervisor.watch();
+  store_host_.stop();
   secret_.remove();
   if (!options_.timeline_dir.empty()) {
     sinks_.message(

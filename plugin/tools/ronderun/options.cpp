@@ -28,6 +28,11 @@ const char kUsage[] =
     "                       NCCL_*, OMP_*, PATH, LD_LIBRARY_PATH and\n"
     "                       PYTHONPATH always are)\n"
     "  --timeout S          export RONDE_TIMEOUT_SECONDS=S (seconds, >= 1)\n"
+    "  --min-np N           an elastic job (ronde::elastic::run): ronderun\n"
+    "                       hosts the store, which outlives every rank, and\n"
+    "                       a failed rank does not end the job; the others\n"
+    "                       go on while at least N ranks are left\n"
+    "                       (RONDE_ELASTIC_MIN_NP=N)\n"
     "  --job-id ID          job id shared by all ranks (default: random)\n"
     "  --port P             rendezvous port (default: a free local port)\n"
     "  --host H             rendezvous address (default: 127.0.0.1; with -H,\n"
@@ -47,7 +52,8 @@ const char kUsage[] =
     "  --verbose            print the job id, port and command to stderr\n"
     "  -h, --help           print this help and exit\n"
     "\n"
-    "When a rank fails, the others get SIGTERM and, after\n"
+    "When a rank fails (and the job is not elastic), the others get\n"
+    "SIGTERM and, after\n"
     "RONDE_KILL_GRACE_SECONDS (default 5), SIGKILL; ronderun then exits with\n"
     "the first failing rank's code (128 + signal if it was killed). A remote\n"
     "rank is the template's process (ssh): ending it ends the connection.\n";
@@ -61,7 +67,7 @@ bool is_flag(const std::string& arg) {
 
 bool takes_value(const std::string& arg) {
   return arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
-         arg == "--job-id" || arg == "--port" || arg == "--host" ||
+         arg == "--min-np" || arg == "--job-id" || arg == "--port" || arg == "--host" ||
          arg == "-H" || arg == "--hosts" || arg == "--hostfile" ||
          arg == "--rsh" || arg == "-x" || arg == "--timeline";
 }
@@ -86,6 +92,12 @@ std::string set_number(
              value + "'";
     }
     options.timeout_seconds = number;
+  } else if (arg == "--min-np") {
+    if (!parse_int(value, 1, 1000000, number)) {
+      return "--min-np expects a positive number of ranks, got '" + value +
+          "'";
+    }
+    options.min_ranks = static_cast<int>(number);
   } else if (arg == "--port") {
     if (!parse_int(value, 1, 65535, number)) {
       return "--port expects a port number in 1..65535, got '" + value + "'";
@@ -144,7 +156,7 @@ std::string set_text(
 std::string set_value(
     const std::string& arg, const std::string& value, Options& options) {
   if (arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
-      arg == "--port") {
+      arg == "--min-np" || arg == "--port") {
     return set_number(arg, value, options);
   }
   if (arg == "-H" || arg == "--hosts" || arg == "--hostfile") {
@@ -208,6 +220,11 @@ std::string parse_args(int argc, char** argv, Options& options) {
   std::string error = check_rank_count(have_np, options);
   if (!error.empty()) {
     return error;
+  }
+  if (options.min_ranks > options.num_ranks) {
+    return "--min-np " + std::to_string(options.min_ranks) +
+        " is more than the job's " + std::to_string(options.num_ranks) +
+        " ranks";
   }
   if (i >= argc) {
     return "no command given";

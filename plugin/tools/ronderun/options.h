@@ -30,6 +30,9 @@ struct Options {
   int port = 0;
   std::string host = kDefaultHost;
   std::string timeline_dir;  // --timeline
+  // --min-np: an elastic job (the store is hosted here, a failed rank does
+  // not end the job); 0: not elastic.
+  int min_ranks = 0;
   bool prefix = true;
   bool verbose = false;
   bool help = false;

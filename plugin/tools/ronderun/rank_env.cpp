@@ -26,13 +26,15 @@ bool is_own_variable(const std::string& name, const Options& options) {
         kRendezvousAddrVar,
         kRendezvousPortVar,
         kJobIdVar,
-        kJobSecretFileVar}) {
+        kJobSecretFileVar,
+        kStoreHostedVar}) {
     if (name == own) {
       return true;
     }
   }
   // Replaced when given, else inherited.
   return (name == kTimeoutSecondsVar && options.timeout_seconds) ||
+      (name == kElasticMinRanksVar && options.min_ranks > 0) ||
       (name == kTimelineVar && !options.timeline_dir.empty());
 }
 
@@ -130,6 +132,11 @@ std::vector<std::string> rank_variables(
   if (options.timeout_seconds) {
     own.push_back(
         variable(kTimeoutSecondsVar, std::to_string(*options.timeout_seconds)));
+  }
+  if (options.min_ranks > 0) {
+    own.push_back(variable(kStoreHostedVar, "1"));
+    own.push_back(
+        variable(kElasticMinRanksVar, std::to_string(options.min_ranks)));
   }
   if (!options.timeline_dir.empty()) {
     own.push_back(variable(

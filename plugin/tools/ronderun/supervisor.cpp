@@ -93,6 +93,9 @@ void Supervisor::start(
 }
 
 int Supervisor::exit_code() const {
+  if (config_.elastic && any_clean_exit_ && interrupted_by_ == 0) {
+    return 0;
+  }
   if (first_failure_code_) {
     return *first_failure_code_;
   }
@@ -241,6 +244,18 @@ void Supervisor::on_rank_exit(SupervisedRank& rank, int status) {
   }
   const RankExit exit = rank_exit(status);
   const std::string who = "rank " + std::to_string(rank.index) + " ";
+  if (exit.code == 0) {
+    any_clean_exit_ = true;
+  }
+  if (config_.elastic && exit.code != 0 && !stopping_) {
+    if (!first_failure_code_) {
+      first_failure_code_ = exit.code;
+    }
+    sinks_.message(
+        who + exit.how +
+        (any_running() ? "; the job is elastic: the other ranks go on" : ""));
+    return;
+  }
   if (exit.code == 0 || first_failure_code_) {
     if (config_.verbose) {
       sinks_.message(who + exit.how);

@@ -1,7 +1,8 @@
 // The supervision of a started job: one poll loop forwards the ranks'
 // output, reaps them, forwards signals, and takes the whole job down
 // (SIGTERM, then SIGKILL after the grace period) as soon as one rank fails,
-// so that no rank is left waiting forever.
+// so that no rank is left waiting forever; an elastic job's ranks go on
+// without it.
 #pragma once
 
 #include "output.h"
@@ -40,6 +41,8 @@ struct SupervisorConfig {
   bool prefix = true;   // tag lines "[rank] "
   bool verbose = false;  // also report ranks that exit cleanly
   double kill_grace_seconds = kDefaultKillGraceSeconds;
+  // An elastic job: a failed rank is reported, and the others go on.
+  bool elastic = false;
 };
 
 class Supervisor {
@@ -63,7 +66,8 @@ class Supervisor {
   void watch();
 
   // The first failing rank's code, else 128 + the signal that stopped the
-  // job, else 0.
+  // job, else 0. An elastic job succeeds when a rank finished cleanly
+  // and no signal stopped it: the ranks that failed were left behind.
   int exit_code() const;
 
  private:
@@ -93,6 +97,7 @@ class Supervisor {
   bool killed_ = false;
   int interrupted_by_ = 0;
   std::optional<int> first_failure_code_;
+  bool any_clean_exit_ = false;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
 };
