@@ -191,8 +191,54 @@ TEST(DistributedSampler, ReshufflesPerEpochAndResumes) {
   in.load_from(ss);
   b.load(in);
   EXPECT_EQ(b.epoch(), 1);
-  EXPECT_EQ(b.position(), 7u);
+  // b splits the rest of the epoch from where the job stood: 7 samples
+  // read by each of 2 ranks.
+  EXPECT_EQ(b.consumed(), 14u);
+  EXPECT_EQ(b.position(), 0u);
   EXPECT_EQ(*b.next(5), *a.next(5));
+  EXPECT_EQ(a.consumed(), b.consumed());
+}
+
+// The world changes within an epoch: the rest of the permutation is split
+// over the new ranks, and over the epoch every sample is read once.
+TEST(DistributedSampler, SplitsTheRestOfTheEpochOverANewWorld) {
+  const size_t n = 48;
+  std::vector<int> seen(n, 0);
+  std::vector<std::unique_ptr<ronde::DistributedSampler>> four;
+  for (int r = 0; r < 4; ++r) {
+    four.push_back(std::make_unique<ronde::DistributedSampler>(
+        n, ronde::DistributedSamplerOptions().rank(r).replicas(4).seed(5)));
+  }
+  for (int step = 0; step < 3; ++step) {
+    for (auto& s : four) {
+      const auto batch = s->next(2);  // kept: the loop reads into it
+      for (size_t i : *batch)
+        ++seen[i];
+    }
+  }
+  EXPECT_EQ(four[0]->consumed(), 24u);
+  torch::serialize::OutputArchive out;
+  four[0]->save(out);
+  std::stringstream saved;
+  out.save_to(saved);
+  const std::string bytes = saved.str();
+  for (int r = 0; r < 3; ++r) {
+    ronde::DistributedSampler s(
+        n, ronde::DistributedSamplerOptions().rank(r).replicas(3).seed(5));
+    std::istringstream ss(bytes);
+    torch::serialize::InputArchive in;
+    in.load_from(ss);
+    s.load(in);
+    EXPECT_EQ(s.epoch(), 0);
+    EXPECT_EQ(s.num_samples(), 8u);
+    while (auto batch = s.next(2)) {
+      for (size_t i : *batch)
+        ++seen[i];
+    }
+    EXPECT_EQ(s.consumed(), n);
+  }
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_EQ(seen[i], 1) << "sample " << i;
 }
 
 TEST(GradScaler, ScaleTrajectoryFollowsTheRule) {

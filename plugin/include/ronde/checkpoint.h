@@ -18,6 +18,9 @@ namespace ronde {
 class DistributedSampler;
 class GradScaler;
 class WarmupScheduler;
+namespace elastic {
+class State;
+}
 
 // Typical use:
 //   ronde::Checkpointer ckpt("ckpt", /*every_n_steps=*/500, /*keep_last=*/3);
@@ -94,6 +97,15 @@ class Checkpointer {
   }
 
  private:
+  // An elastic::State keeps its entries in a Checkpointer and commits them
+  // to memory through these, not to files.
+  friend class elastic::State;
+  // Every added object into `archive`, each under its name.
+  void write_entries(torch::serialize::OutputArchive& archive) const;
+  // Every added object from `archive`; `where` names it in errors.
+  void read_entries(
+      torch::serialize::InputArchive& archive, const std::string& where);
+
   struct Entry {
     std::string name;
     std::function<void(torch::serialize::OutputArchive&)> save;

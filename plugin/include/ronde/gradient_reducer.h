@@ -103,6 +103,9 @@ class GradientReducer {
   // synchronize() then finish_step(): a step whose update is skipped (a
   // GradScaler overflow) still completes its all-reduces on every rank.
   void skip_step();
+  // After an elastic change of world: forgets the step in flight, whose
+  // all-reduces failed with the old world, without waiting for them.
+  void abandon_step();
   // The closure an optimizer's step() may evaluate (LBFGS); may return an
   // undefined tensor.
   using Closure = std::function<torch::Tensor()>;

@@ -58,8 +58,15 @@ class DistributedOptimizer : public torch::optim::Optimizer,
     return base_lrs_;
   }
 
+  // save() records the LR factor in force; load() rescales the LRs it
+  // restores when this job's factor differs (a checkpoint of N ranks
+  // loaded into a job of M, with lr_scaling).
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  // After a change of world (elastic::State calls it): drops the step in
+  // flight, whose all-reduces died with the old world, and recomputes the
+  // LR factor for the new size, rescaling the wrapped optimizer's LRs.
+  void adapt_to_world();
 
   const std::shared_ptr<torch::optim::Optimizer>& wrapped() const {
     return optimizer_;

@@ -5,6 +5,7 @@
 #include <ronde/checkpoint.h>
 #include <ronde/collectives.h>
 #include <ronde/data.h>
+#include <ronde/elastic.h>
 #include <ronde/errors.h>
 #include <ronde/gradient_reducer.h>
 #include <ronde/metrics.h>

@@ -54,6 +54,10 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void finish_step();
   // synchronize() then finish_step().
   void skip_step();
+  // After a change of world: forgets the step in flight without waiting
+  // for its all-reduces (they failed with the old world), and checks the
+  // layout across the new world's ranks at the next step.
+  void abandon_step();
   // See GradientReducer::step().
   at::Tensor step(
       const std::function<at::Tensor(GradientReducer::Closure)>& update,

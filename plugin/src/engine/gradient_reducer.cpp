@@ -103,6 +103,10 @@ void GradientReducer::skip_step() {
   engine_->skip_step();
 }
 
+void GradientReducer::abandon_step() {
+  engine_->abandon_step();
+}
+
 torch::Tensor GradientReducer::step(
     const std::function<torch::Tensor(Closure)>& update,
     Closure closure,

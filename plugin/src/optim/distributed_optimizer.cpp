@@ -134,10 +134,23 @@ void DistributedOptimizer::zero_grad(bool set_to_none) {
   optimizer_->zero_grad(set_to_none);
 }
 
+void DistributedOptimizer::adapt_to_world() {
+  engine_->abandon_step();
+  const double factor = ronde::lr_scale_factor(
+      options_.lr_scaling(),
+      options_.process_set().size(),
+      options_.backward_passes_per_step());
+  if (factor != lr_scale_factor_)
+    detail::scale_lrs(*optimizer_, factor / lr_scale_factor_);
+  lr_scale_factor_ = factor;
+}
+
 void DistributedOptimizer::save(
     torch::serialize::OutputArchive& archive) const {
   optimizer_->save(archive);
   archive.write("ronde_base_lrs", at::tensor(base_lrs_, at::kDouble));
+  archive.write(
+      "ronde_lr_scale_factor", at::tensor({lr_scale_factor_}, at::kDouble));
   const BucketSizing b = engine_->bucket_sizing();
   archive.write(
       "ronde_bucket_sizing",
@@ -156,6 +169,14 @@ void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
       base.numel() == static_cast<int64_t>(base_lrs_.size())) {
     for (size_t g = 0; g < base_lrs_.size(); ++g)
       base_lrs_[g] = base[g].item<double>();
+  }
+  // The LRs were saved scaled for the saving job's world.
+  at::Tensor saved_factor;
+  if (archive.try_read("ronde_lr_scale_factor", saved_factor) &&
+      saved_factor.numel() == 1) {
+    const double then = saved_factor.item<double>();
+    if (then > 0 && then != lr_scale_factor_)
+      detail::scale_lrs(*optimizer_, lr_scale_factor_ / then);
   }
   // Autotune's choice comes back; sizes that were only the options' stay
   // the options' (which may have changed since).

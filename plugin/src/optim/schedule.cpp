@@ -180,6 +180,10 @@ void WarmupScheduler::save(torch::serialize::OutputArchive& archive) const {
   archive.write(
       "ronde_warmup_peak_lrs",
       at::tensor(peak_lrs_, at::TensorOptions().dtype(at::kDouble)));
+  const GradientSync* d = gradient_sync_of(optimizer_);
+  archive.write(
+      "ronde_warmup_lr_factor",
+      at::tensor({d != nullptr ? d->lr_scale_factor() : 1.0}, at::kDouble));
 }
 
 void WarmupScheduler::load(torch::serialize::InputArchive& archive) {
@@ -197,6 +201,19 @@ void WarmupScheduler::load(torch::serialize::InputArchive& archive) {
   multiplier_ = mult.item<double>();
   for (size_t i = 0; i < peak_lrs_.size(); ++i) {
     peak_lrs_[i] = peaks[i].item<double>();
+  }
+  // Saved by a job of another size (or before a change of world): the peak
+  // follows the LR factor of this job, the step stays.
+  at::Tensor then;
+  const GradientSync* d = gradient_sync_of(optimizer_);
+  if (d != nullptr && archive.try_read("ronde_warmup_lr_factor", then) &&
+      then.numel() == 1 && then.item<double>() > 0 &&
+      then.item<double>() != d->lr_scale_factor()) {
+    const double ratio = d->lr_scale_factor() / then.item<double>();
+    for (double& peak : peak_lrs_)
+      peak *= ratio;
+    if (options_.multiplier() == 0)
+      multiplier_ = d->lr_scale_factor();
   }
   apply();
 }

@@ -208,6 +208,32 @@ Checkpointer& Checkpointer::add(
   return add_entry({name, std::move(save), std::move(load)});
 }
 
+void Checkpointer::write_entries(
+    torch::serialize::OutputArchive& archive) const {
+  for (const auto& e : entries_) {
+    torch::serialize::OutputArchive sub;
+    e.save(sub);
+    archive.write(e.name, sub);
+  }
+}
+
+void Checkpointer::read_entries(
+    torch::serialize::InputArchive& archive, const std::string& where) {
+  for (const auto& e : entries_) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(
+        archive.try_read(e.name, sub),
+        "ronde: rank ",
+        my_rank(),
+        ": ",
+        where,
+        " has no entry '",
+        e.name,
+        "'");
+    e.load(sub);
+  }
+}
+
 bool Checkpointer::maybe_save(int64_t step) {
   if (every_n_steps_ == 0 || step <= 0 || step % every_n_steps_ != 0) {
     return false;
@@ -234,11 +260,7 @@ void Checkpointer::save(int64_t step) {
   if (my_rank() == 0) {
     try {
       torch::serialize::OutputArchive archive;
-      for (const auto& e : entries_) {
-        torch::serialize::OutputArchive sub;
-        e.save(sub);
-        archive.write(e.name, sub);
-      }
+      write_entries(archive);
       detail::write_rng_table(archive, rng, job_size);
       std::string payload;
       archive.save_to([&payload](const void* data, size_t n) {
@@ -324,19 +346,7 @@ std::optional<int64_t> Checkpointer::restore() {
   }
   const std::string where =
       "checkpoint " + std::to_string(step) + " in '" + dir_ + "'";
-  for (const auto& e : entries_) {
-    torch::serialize::InputArchive sub;
-    TORCH_CHECK(
-        archive.try_read(e.name, sub),
-        "Checkpointer: rank ",
-        my_rank(),
-        ": ",
-        where,
-        " has no entry '",
-        e.name,
-        "'");
-    e.load(sub);
-  }
+  read_entries(archive, where);
   detail::restore_rng_table(
       archive, my_rank(), distributed() ? size() : 1, where);
   return step;

@@ -17,6 +17,10 @@ DistributedSampler::DistributedSampler(
                                        : (is_initialized() ? size() : 1);
   rank_ =
       options_.rank() >= 0 ? options_.rank() : (is_initialized() ? rank() : 0);
+  build();
+}
+
+void DistributedSampler::build() {
   TORCH_CHECK(replicas_ >= 1, "ronde: DistributedSampler needs replicas >= 1");
   TORCH_CHECK(
       rank_ < replicas_,
@@ -31,10 +35,6 @@ DistributedSampler::DistributedSampler(
       " samples cannot give ",
       replicas_,
       " replicas one sample each with drop_last");
-  build();
-}
-
-void DistributedSampler::build() {
   std::vector<size_t> order(dataset_size_);
   if (options_.shuffle()) {
     auto gen =
@@ -50,28 +50,50 @@ void DistributedSampler::build() {
     for (size_t i = 0; i < dataset_size_; ++i)
       order[i] = i;
   }
+  // The split covers the permutation from start_, trimmed or padded (with
+  // the epoch's first samples) to a multiple of the replicas.
   const size_t n = static_cast<size_t>(replicas_);
-  size_t total = options_.drop_last() ? (dataset_size_ / n) * n
-                                      : ((dataset_size_ + n - 1) / n) * n;
+  start_ = std::min(start_, dataset_size_);
+  const size_t left = dataset_size_ - start_;
+  const size_t total =
+      start_ + (options_.drop_last() ? (left / n) * n : ((left + n - 1) / n) * n);
   order.resize(std::min(total, order.size()));
   for (size_t i = 0; order.size() < total && dataset_size_ > 0; ++i) {
     order.push_back(order[i % dataset_size_]);
   }
   indices_.clear();
-  for (size_t i = static_cast<size_t>(rank_); i < order.size(); i += n) {
+  for (size_t i = start_ + static_cast<size_t>(rank_); i < order.size();
+       i += n) {
     indices_.push_back(order[i]);
   }
   position_ = 0;
 }
 
+size_t DistributedSampler::consumed() const {
+  return std::min(
+      dataset_size_, start_ + position_ * static_cast<size_t>(replicas_));
+}
+
+void DistributedSampler::adapt_to_world() {
+  const size_t done = consumed();
+  if (options_.replicas() < 0)
+    replicas_ = is_initialized() ? size() : 1;
+  if (options_.rank() < 0)
+    rank_ = is_initialized() ? rank() : 0;
+  start_ = done;
+  build();
+}
+
 void DistributedSampler::set_epoch(int64_t epoch) {
   epoch_ = epoch;
+  start_ = 0;
   build();
 }
 
 void DistributedSampler::reset(std::optional<size_t> new_size) {
   if (new_size)
     dataset_size_ = *new_size;
+  start_ = 0;
   build();
 }
 
@@ -90,15 +112,23 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write(
       "ronde_sampler_position",
       at::tensor({static_cast<int64_t>(position_)}, at::kLong));
+  archive.write(
+      "ronde_sampler_consumed",
+      at::tensor({static_cast<int64_t>(consumed())}, at::kLong));
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
-  at::Tensor epoch, position;
+  at::Tensor epoch, position, consumed;
   archive.read("ronde_sampler_epoch", epoch);
   archive.read("ronde_sampler_position", position);
-  set_epoch(epoch.item<int64_t>());
-  position_ =
-      std::min(indices_.size(), static_cast<size_t>(position.item<int64_t>()));
+  epoch_ = epoch.item<int64_t>();
+  // Files from before the consumed count: the saving job had this
+  // sampler's replicas, and read `position` samples each from the start.
+  start_ = archive.try_read("ronde_sampler_consumed", consumed)
+      ? static_cast<size_t>(consumed.item<int64_t>())
+      : static_cast<size_t>(position.item<int64_t>()) *
+          static_cast<size_t>(replicas_);
+  build();
 }
 
 }  // namespace ronde
