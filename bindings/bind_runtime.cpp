@@ -99,6 +99,17 @@ void bind_runtime(py::module_& m) {
   m.def("host_backend", &host_backend);
   m.def("timeout_seconds", &timeout_seconds);
   m.def("version", []() { return std::string(RONDE_VERSION_STRING); });
+  // ronde.torch.elastic's change of world: (epoch, old rank, old size,
+  // rank, size, members at launch rank).
+  m.def(
+      "_change_world",
+      [](const std::vector<int>& suspects) {
+        const elastic::WorldChange c = elastic::change_world(suspects);
+        return py::make_tuple(
+            c.epoch, c.old_rank, c.old_size, c.rank, c.size, c.members);
+      },
+      py::arg("suspect_ranks"),
+      release_gil());
 }
 
 }  // namespace ronde::detail

@@ -422,6 +422,69 @@ def profile(out):
     save(out, "profile", sorted({e.key for e in prof.key_averages()}))
 
 
+ELASTIC_SAMPLES, ELASTIC_EPOCHS, ELASTIC_LR = 24, 2, 0.02
+
+
+def elastic_data():
+    i = torch.arange(ELASTIC_SAMPLES, dtype=torch.float64).unsqueeze(1)
+    j = torch.arange(4, dtype=torch.float64).unsqueeze(0)
+    x = torch.sin(0.37 * i + 1.3 * j).float()
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.cos(i).float()
+    return x, y
+
+
+def elastic_horovod(out, kill_rank="2", kill_step="5"):
+    """A Horovod elastic script (TorchState, ElasticSampler, commit, reset
+    callbacks), written against ``hvd = ronde.torch``: launch rank
+    `kill_rank` dies of SIGKILL at global step `kill_step`."""
+    import signal
+    hvd = rt
+    launch_rank = hvd.rank()
+    x, y = elastic_data()
+    dataset = torch.utils.data.TensorDataset(x, y)
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+        model.bias.zero_()
+    opt = torch.optim.SGD(model.parameters(), lr=ELASTIC_LR)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   lr_scaling="linear")
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0,
+                                   step=0,
+                                   seen=torch.zeros(ELASTIC_EPOCHS,
+                                                    ELASTIC_SAMPLES))
+    eras = [(0, hvd.size())]
+    state.register_reset_callbacks(
+        [lambda: eras.append((state.step, hvd.size()))])
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, ELASTIC_EPOCHS):
+            loader = torch.utils.data.DataLoader(dataset, batch_size=1,
+                                                 sampler=state.sampler)
+            for batch_idx, (xb, yb) in enumerate(loader):
+                if launch_rank == int(kill_rank) and state.step == int(kill_step):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(xb), yb).backward()
+                opt.step()
+                used = torch.zeros(ELASTIC_SAMPLES)
+                used[state.sampler.get_indices(batch_idx, 1)] = 1
+                state.seen[state.epoch] += hvd.allreduce(used, op=hvd.Sum)
+                state.sampler.record_batch(batch_idx, 1)
+                state.step += 1
+                if state.step % 2 == 0:
+                    state.commit()
+            state.sampler.set_epoch(state.epoch + 1)
+
+    train(state)
+    save(out, "elastic", {
+        "params": torch.cat([model.weight.flatten(), model.bias]).detach(),
+        "eras": eras, "seen": state.seen, "size": hvd.size(),
+        "lr": opt.param_groups[0]["lr"]})
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -432,7 +495,8 @@ def main():
         {"train": train, "collectives": collectives, "errors": errors,
          "peer_dies": peer_dies, "process_sets": process_sets,
          "uneven": uneven, "sync_bn": sync_bn,
-         "horovod_api": horovod_api, "profile": profile}[scenario](
+         "horovod_api": horovod_api, "profile": profile,
+         "elastic_horovod": elastic_horovod}[scenario](
              out, **kwargs)
     except Exception:
         traceback.print_exc()

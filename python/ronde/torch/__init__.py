@@ -255,3 +255,4 @@ from ._horovod import (  # noqa: E402,F401
     rocm_built,
 )
 from ._sync_batch_norm import SyncBatchNorm  # noqa: E402,F401
+from . import elastic  # noqa: E402,F401  (hvd.elastic.run, TorchState, ...)

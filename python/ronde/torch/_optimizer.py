@@ -65,19 +65,36 @@ class _DistributedOptimizer:
         return self._ronde_reducer.bucket_sizing()
 
     def state_dict(self):
-        # Autotune's choice travels with the optimizer's state, as in C++.
+        # Autotune's choice travels with the optimizer's state, as in C++,
+        # and so does the LR factor the saved LRs carry.
         state = super().state_dict()
         state["ronde_bucket_sizing"] = list(
             self._ronde_reducer.bucket_sizing())
+        state["ronde_lr_scale_factor"] = self._ronde_lr_scale_factor
         return state
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         sizing = state_dict.pop("ronde_bucket_sizing", None)
+        then = state_dict.pop("ronde_lr_scale_factor", None)
         super().load_state_dict(state_dict)
         if sizing is not None and sizing[2]:
             self._ronde_reducer.set_bucket_sizing(
                 float(sizing[0]), float(sizing[1]), True)
+        # Saved by a world of another size: the LRs follow this one's.
+        if then and then != self._ronde_lr_scale_factor:
+            _scale_lrs(self, self._ronde_lr_scale_factor / then)
+
+    def _ronde_adapt_to_world(self):
+        """After an elastic change of world: drops the step in flight and
+        recomputes the LR factor for the new size."""
+        self._ronde_reducer.abandon_step()
+        factor = _C.lr_scale_factor(self._ronde_lr_scaling,
+                                    self._ronde_process_set.size(),
+                                    self._ronde_backward_passes)
+        if factor != self._ronde_lr_scale_factor:
+            _scale_lrs(self, factor / self._ronde_lr_scale_factor)
+        self._ronde_lr_scale_factor = factor
 
     @property
     def lr_scale_factor(self):
@@ -87,6 +104,14 @@ class _DistributedOptimizer:
     @property
     def base_lrs(self):
         return [g["ronde_base_lr"] for g in self.param_groups]
+
+
+def _scale_lrs(optimizer, ratio):
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].mul_(ratio)
+        else:
+            group["lr"] = group["lr"] * ratio
 
 
 _classes = {}
@@ -214,6 +239,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer._ronde_process_set = process_set
     optimizer._ronde_should_synchronize = True
     optimizer._ronde_lr_scale_factor = factor
+    optimizer._ronde_lr_scaling = lr_scaling
+    optimizer._ronde_backward_passes = backward_passes_per_step
     return optimizer
 
 
@@ -291,6 +318,7 @@ class WarmupScheduler:
         self.warmup_steps = int(warmup_steps)
         self.shape = _parse_enum(_C.WarmupShape, shape, "warmup shape")
         self.then = then if then is not None else _C.Decay.constant()
+        self._auto_multiplier = multiplier == 0
         if multiplier == 0:
             multiplier = (optimizer.lr_scale_factor
                           if _is_distributed(optimizer) else 1.0)
@@ -328,12 +356,23 @@ class WarmupScheduler:
     def get_last_lr(self):
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
+    def _lr_factor(self):
+        return (self.optimizer.lr_scale_factor
+                if _is_distributed(self.optimizer) else 1.0)
+
     def state_dict(self):
         return {"step": self._step, "peak_lrs": list(self.peak_lrs),
-                "multiplier": self.multiplier}
+                "multiplier": self.multiplier, "lr_factor": self._lr_factor()}
 
     def load_state_dict(self, state):
         self._step = int(state["step"])
         self.peak_lrs = list(state["peak_lrs"])
         self.multiplier = float(state["multiplier"])
+        # Saved by a world of another size: the peak follows this one's LR
+        # factor, the step stays.
+        then, now = state.get("lr_factor"), self._lr_factor()
+        if then and then != now:
+            self.peak_lrs = [p * now / then for p in self.peak_lrs]
+            if self._auto_multiplier:
+                self.multiplier = now
         self._apply()
