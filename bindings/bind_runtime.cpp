@@ -12,6 +12,7 @@
 
 #include <exception>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ronde::detail {
@@ -104,8 +105,9 @@ void bind_runtime(py::module_& m) {
   m.def(
       "_change_world",
       [](const std::vector<int>& suspects) {
+        // A C++ tuple: converted once the GIL is held again.
         const elastic::WorldChange c = elastic::change_world(suspects);
-        return py::make_tuple(
+        return std::make_tuple(
             c.epoch, c.old_rank, c.old_size, c.rank, c.size, c.members);
       },
       py::arg("suspect_ranks"),

@@ -56,12 +56,13 @@ class Elastic : public ::testing::Test {
 
   // ronderun -np NP --min-np MIN over the worker's elastic_train, with its
   // segments in a directory of the test's own, under a hard time limit.
-  Outcome run(int np, int min_np, const std::string& args) {
+  Outcome run(int np, int min_np, const std::string& args, int timeout = 15) {
     const std::string out = dir_ + "/out.txt";
     const std::string cmd = "RONDE_SHM_DIR=" + shm_ +
         " timeout -s KILL 120 " + std::string(RONDERUN_PATH) + " -np " +
         std::to_string(np) + " --min-np " + std::to_string(min_np) +
-        " --timeout 15 -- " + ronde::testing::worker_path() +
+        " --timeout " + std::to_string(timeout) + " -- " +
+        ronde::testing::worker_path() +
         " elastic_train " + args + " > " + out + " 2>&1";
     Outcome o;
     const int status = std::system(cmd.c_str());
@@ -125,7 +126,7 @@ TEST_F(Elastic, SecondFailureDuringRecovery) {
 }
 
 TEST_F(Elastic, BelowTheMinimumFailsEverySurvivorClearly) {
-  const Outcome o = run(3, 3, "4 2 forward");
+  const Outcome o = run(3, 3, "4 2 forward", /*timeout=*/6);
   EXPECT_NE(o.rc, 0) << o.text;
   EXPECT_EQ(count_of(o.text, "fewer than the job's minimum of 3"), 2)
       << o.text;
