@@ -115,7 +115,7 @@ void bind_optimizer(py::module_& m) {
       .def("synchronized", &GradientReducer::synchronized)
       .def("finish_step", &GradientReducer::finish_step)
       .def("skip_step", &GradientReducer::skip_step, release_gil())
-      .def("abandon_step", &GradientReducer::abandon_step)
+      .def("adapt_to_world", &GradientReducer::adapt_to_world, release_gil())
       .def("gradient_buffers", &GradientReducer::gradient_buffers)
       .def("buckets", &GradientReducer::buckets)
       .def("last_step_profile", &GradientReducer::last_step_profile)

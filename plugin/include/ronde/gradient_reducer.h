@@ -103,9 +103,10 @@ class GradientReducer {
   // synchronize() then finish_step(): a step whose update is skipped (a
   // GradScaler overflow) still completes its all-reduces on every rank.
   void skip_step();
-  // After an elastic change of world: forgets the step in flight, whose
-  // all-reduces failed with the old world, without waiting for them.
-  void abandon_step();
+  // After an elastic change of world, a collective of the new world:
+  // forgets the step in flight (its all-reduces failed with the old world)
+  // and takes rank 0's bucket layout, so that a joining rank matches.
+  void adapt_to_world();
   // The closure an optimizer's step() may evaluate (LBFGS); may return an
   // undefined tensor.
   using Closure = std::function<torch::Tensor()>;

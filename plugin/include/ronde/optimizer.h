@@ -63,9 +63,10 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   // loaded into a job of M, with lr_scaling).
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
-  // After a change of world (elastic::State calls it): drops the step in
-  // flight, whose all-reduces died with the old world, and recomputes the
-  // LR factor for the new size, rescaling the wrapped optimizer's LRs.
+  // After a change of world (elastic::State calls it; a collective of the
+  // new world): drops the step in flight, whose all-reduces died with the
+  // old world, takes rank 0's bucket layout, and recomputes the LR factor
+  // for the new size, rescaling the wrapped optimizer's LRs.
   void adapt_to_world();
 
   const std::shared_ptr<torch::optim::Optimizer>& wrapped() const {

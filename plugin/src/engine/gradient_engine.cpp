@@ -474,16 +474,6 @@ void GradientEngine::finish_step() {
   reset_locked();
 }
 
-void GradientEngine::abandon_step() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  reset_locked();
-  verified_ = false;
-  // A first step cut short recorded part of its ready order: the step
-  // that completes records it again from the start.
-  if (steps_ == 0)
-    ready_order_.clear();
-}
-
 void GradientEngine::skip_step() {
   synchronize();
   finish_step();

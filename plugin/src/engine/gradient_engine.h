@@ -54,10 +54,12 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void finish_step();
   // synchronize() then finish_step().
   void skip_step();
-  // After a change of world: forgets the step in flight without waiting
-  // for its all-reduces (they failed with the old world), and checks the
-  // layout across the new world's ranks at the next step.
-  void abandon_step();
+  // After a change of world (a collective of the new world): forgets the
+  // step in flight without waiting for its all-reduces (they failed with
+  // the old world), then takes rank 0's bucket order, sizes and step count,
+  // so that a rank that joined lays its buckets out as the others do and
+  // rebuilds nothing on its own; checked across ranks at the next step.
+  void adapt_to_world();
   // See GradientReducer::step().
   at::Tensor step(
       const std::function<at::Tensor(GradientReducer::Closure)>& update,

@@ -103,8 +103,8 @@ void GradientReducer::skip_step() {
   engine_->skip_step();
 }
 
-void GradientReducer::abandon_step() {
-  engine_->abandon_step();
+void GradientReducer::adapt_to_world() {
+  engine_->adapt_to_world();
 }
 
 torch::Tensor GradientReducer::step(

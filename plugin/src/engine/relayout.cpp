@@ -175,6 +175,36 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   }
 }
 
+void GradientEngine::adapt_to_world() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reset_locked();
+  verified_ = false;
+  // [steps, bucket MiB, first bucket MiB, autotuned, order...], rank 0's.
+  std::vector<double> msg = {
+      static_cast<double>(steps_), sizes_.fusion_mb, sizes_.first_mb,
+      autotuned_ ? 1.0 : 0.0};
+  for (size_t i : current_order_locked())
+    msg.push_back(static_cast<double>(i));
+  at::Tensor t = at::tensor(msg, at::kDouble);
+  const ProcessSet& set = options_.process_set();
+  if (set.size() > 1) {
+    ronde::broadcast_(
+        t, 0, CollectiveOptions().name("ronde.elastic.layout").process_set(set));
+  }
+  const double* v = t.data_ptr<double>();
+  steps_ = static_cast<int64_t>(v[0]);
+  sizes_ = {v[1], v[2]};
+  autotuned_ = v[3] != 0;
+  // A search cut by a change of world is not resumed: its trials timed
+  // another world. The sizes in use stay.
+  tuner_.reset();
+  ready_order_.clear();
+  std::vector<size_t> order;
+  for (int64_t i = 4; i < t.numel(); ++i)
+    order.push_back(static_cast<size_t>(v[i]));
+  relayout_locked(order);
+}
+
 BucketSizing GradientEngine::bucket_sizing() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return BucketSizing{sizes_.fusion_mb, sizes_.first_mb, autotuned_};

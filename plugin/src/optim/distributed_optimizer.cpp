@@ -135,7 +135,7 @@ void DistributedOptimizer::zero_grad(bool set_to_none) {
 }
 
 void DistributedOptimizer::adapt_to_world() {
-  engine_->abandon_step();
+  engine_->adapt_to_world();
   const double factor = ronde::lr_scale_factor(
       options_.lr_scaling(),
       options_.process_set().size(),

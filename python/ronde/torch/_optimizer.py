@@ -86,9 +86,10 @@ class _DistributedOptimizer:
             _scale_lrs(self, self._ronde_lr_scale_factor / then)
 
     def _ronde_adapt_to_world(self):
-        """After an elastic change of world: drops the step in flight and
+        """After an elastic change of world (a collective of the new
+        world): drops the step in flight, takes rank 0's bucket layout and
         recomputes the LR factor for the new size."""
-        self._ronde_reducer.abandon_step()
+        self._ronde_reducer.adapt_to_world()
         factor = _C.lr_scale_factor(self._ronde_lr_scaling,
                                     self._ronde_process_set.size(),
                                     self._ronde_backward_passes)
