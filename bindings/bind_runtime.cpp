@@ -112,6 +112,21 @@ void bind_runtime(py::module_& m) {
       },
       py::arg("suspect_ranks"),
       release_gil());
+  auto change_tuple = [](const elastic::WorldChange& c) {
+    return std::make_tuple(
+        c.epoch, c.old_rank, c.old_size, c.rank, c.size, c.members);
+  };
+  m.def("_check_host_updates", &elastic::check_host_updates, release_gil());
+  m.def(
+      "_admit_joiners",
+      [change_tuple]() { return change_tuple(elastic::admit_joiners()); },
+      release_gil());
+  m.def("_joining", &elastic::joining);
+  m.def(
+      "_join_world",
+      [change_tuple]() { return change_tuple(elastic::join_world()); },
+      release_gil());
+  m.def("_close_to_joiners", &elastic::close_to_joiners, release_gil());
 }
 
 }  // namespace ronde::detail

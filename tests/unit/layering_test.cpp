@@ -19,11 +19,11 @@ namespace {
 namespace fs = std::filesystem;
 
 // Lower number, lower layer. optim/ and train/ share a level and may not
-// include each other; init.cpp composes runtime/ and comm/.
+// include each other; init/ composes runtime/ and comm/.
 const std::map<std::string, int> kLevel = {
     {"runtime", 0},
     {"comm", 1},
-    {"init.cpp", 2},
+    {"init", 2},
     {"engine", 3},
     {"optim", 4},
     {"train", 4},

@@ -87,4 +87,39 @@ TEST(Membership, TooFewWithinTheTimeoutIsAnError) {
   }
 }
 
+// Short of the minimum, the survivors admit the joiner that waits, and the
+// round forms with it (the replacement of a rank below --min-np).
+TEST(Membership, ARoundShortOfTheMinimumAdmitsAWaitingJoiner) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<ronde::detail::Membership> out(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = request(i, {2, 3});
+      r.min_members = 3;
+      out[i] = ronde::detail::meet_members(*store, r);
+    });
+  }
+  threads.emplace_back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ronde::detail::post_joiner(*store, "membership-test", 7);
+    const int64_t epoch = ronde::detail::wait_admission(
+        *store, "membership-test", 7, std::chrono::milliseconds(5000));
+    ASSERT_EQ(epoch, 1);
+    auto expected = ronde::detail::expected_members(
+        *store, "membership-test", 1, std::chrono::milliseconds(5000));
+    auto r = request(7, {});
+    r.previous = expected.first;
+    r.joining = expected.second;
+    r.min_members = 3;
+    out[2] = ronde::detail::meet_members(*store, r);
+  });
+  for (auto& t : threads)
+    t.join();
+  for (const auto& m : out)
+    EXPECT_EQ(m.members, (std::vector<int>{0, 1, 7}));
+  EXPECT_EQ(out[2].rank, 2);
+  EXPECT_EQ(ronde::detail::pending_joiners(*store, "membership-test"), 0);
+}
+
 }  // namespace

@@ -107,5 +107,26 @@ struct WorldChange {
 // rank was left out.
 WorldChange change_world(const std::vector<int>& suspect_ranks);
 
+// Growth, for loops of one's own (run() and State::commit() do this). A
+// collective: whether processes wait to join the job (rank 0 asks the
+// store; every rank gets its answer).
+bool check_host_updates();
+// A collective of the members when check_host_updates() said so: the
+// waiting processes are admitted, and every member and joiner forms the
+// next world together, keeping the members' order (joiners after them).
+// Throws as change_world() does.
+WorldChange admit_joiners();
+// Whether this process was started into a running elastic job (ronderun
+// --restart-failed or --host-discovery-script: RONDE_ELASTIC_JOIN) and is
+// not part of it yet; until then it is a world of one.
+bool joining();
+// Blocks until the members admit this process at a commit, then forms the
+// next world with them. Returns rank -1 when the job's training ended
+// first (the process is then still a world of one, and may shut down).
+WorldChange join_world();
+// Rank 0, when training is over: processes still waiting to join give up
+// (join_world() returns rank -1). Nothing elsewhere.
+void close_to_joiners();
+
 }  // namespace elastic
 }  // namespace ronde

@@ -7,11 +7,11 @@
 #include <ronde/runtime.h>
 #include <ronde/timeline.h>
 
-#include "comm/shm/shm_transport.h"
+#include "init/runtime.h"
+
 #include "comm/world.h"
 #include "runtime/error_text.h"
 #include "runtime/launch_env.h"
-#include "runtime/membership.h"
 #include "runtime/rendezvous.h"
 #include "runtime/settings.h"
 #include "runtime/stall_inspector.h"
@@ -28,35 +28,13 @@
 
 namespace ronde {
 namespace detail {
-namespace {
-
-// What init() found and built besides the World: where this process sits in
-// the job, the store, and the inspector watching the World's worker.
-struct Runtime {
-  LaunchInfo info;
-  std::chrono::milliseconds timeout = kDefaultTimeout;
-  // What init() was given, for the next epoch's connect().
-  InitOptions options;
-  // This epoch's view of the store (signed when the job is authenticated);
-  // null in a job of one rank.
-  c10::intrusive_ptr<c10d::Store> store;
-  // The connection under it, kept across epochs: on rank 0 of a job whose
-  // launcher hosts no store, the store's server itself.
-  c10::intrusive_ptr<c10d::Store> connection;
-  // This process's rank at launch (its member id for life), and the member
-  // ids of this epoch's ranks, by rank.
-  int member = 0;
-  std::vector<int> members;
-  // Watches for collectives that a rank never submits; null for one rank.
-  std::unique_ptr<StallInspector> inspector;
-};
 
 std::mutex g_init_mutex;
 // Deliberately never destroyed at exit, like the World.
 Runtime* g_runtime = nullptr;
-// Counts init() calls: a process set made under one is not part of the
-// next (World::epoch).
 uint64_t g_epoch = 0;
+
+namespace {
 
 Runtime& runtime(const char* caller) {
   TORCH_CHECK(
@@ -99,6 +77,7 @@ std::optional<Key32> join_job_store(
       ? options.job_secret_file()
       : settings.job_secret_file;
   std::optional<Key32> job_key = load_job_key(rt.info, secret_file);
+  rt.job_key = job_key;
   rt.store =
       join_store(rt.info, settings, rt.timeout, job_key, &rt.connection);
   return job_key;
@@ -185,6 +164,8 @@ std::shared_ptr<Group> connect_global(
   return global;
 }
 
+}  // namespace
+
 std::unique_ptr<World> connect(
     Runtime& rt, const InitOptions& options, const Settings& settings) {
   const LaunchInfo& info = rt.info;
@@ -235,6 +216,8 @@ void start_inspector(Runtime& rt, const Settings& settings, Group& global) {
           [g] { g->comm->interrupt(); }});
 }
 
+namespace {
+
 // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
 // just died would end this process with SIGPIPE instead of raising a
 // CommError. Ignored unless the program chose a disposition of its own
@@ -282,8 +265,13 @@ void init_locked(const InitOptions& options) {
   rt->info = parse_launch_env(process_env());
   rt->options = options;
   rt->member = rt->info.rank;
+  if (rt->info.join_member >= 0) {
+    // A world of one until the job admits it (elastic::join_world()).
+    rt->member = rt->info.join_member;
+    rt->joining = true;
+  }
   for (int r = 0; r < rt->info.size; ++r)
-    rt->members.push_back(r);
+    rt->members.push_back(r == rt->info.rank ? rt->member : r);
   rt->timeout = std::chrono::milliseconds(
       static_cast<int64_t>(resolve_timeout(options, settings) * 1000.0));
   if (rt->info.size > 1)
@@ -334,117 +322,11 @@ void shutdown() {
   w.global->worker.reset();
   detail::remove_world().reset();
   rt->store.reset();
+  rt->elastic_store.reset();
   rt->connection.reset();
   detail::g_runtime = nullptr;
   detail::clear_settings();
   stop_timeline();
-}
-
-namespace detail {
-namespace {
-
-// The first half of a change of world: every communicator of the epoch
-// goes, without the barrier shutdown() holds (peers are dead), and so do
-// the segments of dead ranks on this host.
-void abandon_world(Runtime& rt) {
-  World& w = world("elastic change of world");
-  rt.inspector.reset();
-  interrupt_all_sets(w);
-  close_added_sets(w);
-  w.global->worker.reset();
-  const std::string shm_dir = w.config.shm.tuning.dir;
-  remove_world().reset();
-  rt.store.reset();
-  // This process owns no segment any more: the sweep cannot drop its lock.
-  shm::remove_stale_segments(shm_dir);
-}
-
-// Leaves the process as before init(), after a change of world failed.
-void give_up(std::unique_ptr<Runtime> rt) {
-  rt->store.reset();
-  rt->connection.reset();
-  clear_settings();
-  stop_timeline();
-}
-
-}  // namespace
-}  // namespace detail
-
-elastic::WorldChange elastic::change_world(
-    const std::vector<int>& suspects) {
-  using namespace detail;
-  std::lock_guard<std::mutex> lock(g_init_mutex);
-  TORCH_CHECK(
-      g_runtime != nullptr,
-      "ronde: an elastic change of world needs ronde::init() first");
-  std::unique_ptr<Runtime> rt(g_runtime);
-  g_runtime = nullptr;
-  const Settings settings = detail::settings();
-  elastic::WorldChange change;
-  change.old_rank = rt->info.rank;
-  change.old_size = rt->info.size;
-  MembershipRequest request;
-  request.job_id = rt->info.job_id;
-  request.epoch = rt->info.epoch + 1;
-  request.member = rt->member;
-  request.previous = rt->members;
-  for (int r : suspects) {
-    if (r >= 0 && r < static_cast<int>(rt->members.size()) &&
-        r != rt->info.rank)
-      request.suspects.push_back(rt->members[r]);
-  }
-  request.min_members = settings.elastic_min_ranks;
-  request.timeout = rt->timeout;
-  // The round runs on this epoch's view of the store: values are sealed
-  // with this epoch's key, which every survivor holds.
-  c10::intrusive_ptr<c10d::Store> round_store =
-      rt->store ? rt->store : rt->connection;
-  abandon_world(*rt);
-  Membership next;
-  try {
-    TORCH_CHECK(round_store, "ronde: no store to meet in");
-    next = meet_members(*round_store, request);
-  } catch (const std::exception& e) {
-    const LaunchInfo info = rt->info;
-    give_up(std::move(rt));
-    throw rendezvous_error(
-        info,
-        "rank " + std::to_string(info.rank) + " (launch rank " +
-            std::to_string(request.member) + ") could not form epoch " +
-            std::to_string(request.epoch) + ": " + error_text(e));
-  }
-  round_store.reset();
-  if (next.rank < 0) {
-    const LaunchInfo info = rt->info;
-    give_up(std::move(rt));
-    throw rendezvous_error(
-        info,
-        "launch rank " + std::to_string(request.member) +
-            " was left out of epoch " + std::to_string(request.epoch) +
-            " (it came after the others had agreed on " +
-            rank_list(next.members) + ")");
-  }
-  rt->info.epoch = request.epoch;
-  rt->info.rank = next.rank;
-  rt->info.size = static_cast<int>(next.members.size());
-  rt->members = next.members;
-  std::unique_ptr<World> w;
-  try {
-    w = connect(*rt, rt->options, settings);
-  } catch (...) {
-    give_up(std::move(rt));
-    throw;
-  }
-  w->epoch = ++g_epoch;
-  if (rt->info.size > 1)
-    start_inspector(*rt, settings, *w->global);
-  install_world(std::move(w));
-  change.epoch = static_cast<int64_t>(rt->info.epoch);
-  change.rank = rt->info.rank;
-  change.size = rt->info.size;
-  change.members = rt->members;
-  g_runtime = rt.release();
-  return change;
 }
 
 bool is_initialized() {

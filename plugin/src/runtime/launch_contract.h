@@ -26,6 +26,10 @@ constexpr char kStoreHostedVar[] = "RONDE_STORE_HOSTED";
 // An elastic job (ronderun --min-np): the fewest ranks it goes on with
 // after a failure. Read as a setting by every rank.
 constexpr char kElasticMinRanksVar[] = "RONDE_ELASTIC_MIN_NP";
+// A process ronderun starts into a running elastic job (a replacement, or
+// growth): its member id. It starts as a world of one (RONDE_RANK=0,
+// RONDE_SIZE=1) and joins the job at the members' next commit.
+constexpr char kElasticJoinVar[] = "RONDE_ELASTIC_JOIN";
 
 // Set by --timeout and --timeline; read as settings by every rank.
 constexpr char kTimeoutSecondsVar[] = "RONDE_TIMEOUT_SECONDS";

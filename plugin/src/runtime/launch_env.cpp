@@ -202,6 +202,7 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     read_address(r, info);
     info.job_id = r.str(kJobIdVar).value_or("default");
     info.store_hosted = r.str(kStoreHostedVar).value_or("") == "1";
+    info.join_member = r.num(kElasticJoinVar, 0, kMaxRanks).value_or(-1);
     validate(info, kRankVar, kSizeVar);
   } else if (r.str("RANK") || r.str("WORLD_SIZE")) {
     info.source = "torchrun";

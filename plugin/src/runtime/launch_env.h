@@ -29,6 +29,9 @@ struct LaunchInfo {
   // an elastic job. Every store key of a later epoch is apart from those of
   // earlier ones (job_key()).
   uint64_t epoch = 0;
+  // RONDE_ELASTIC_JOIN: the member id of a process started into a running
+  // elastic job; -1 for the job's own ranks.
+  int join_member = -1;
   // Which convention supplied the values: "ronde", "torchrun", "slurm",
   // "openmpi", or "none" (no launcher: one process, no network).
   std::string source = "none";

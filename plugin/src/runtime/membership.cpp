@@ -14,9 +14,12 @@
 namespace ronde::detail {
 namespace {
 
+std::string elastic_key(const std::string& job_id, const std::string& suffix) {
+  return "ronde/" + job_id + "/elastic/" + suffix;
+}
+
 std::string round_key(const MembershipRequest& r, const std::string& suffix) {
-  return "ronde/" + r.job_id + "/elastic/" + std::to_string(r.epoch) + "/" +
-      suffix;
+  return elastic_key(r.job_id, std::to_string(r.epoch) + "/" + suffix);
 }
 
 std::string join_ints(const std::vector<int>& v) {
@@ -45,13 +48,33 @@ std::string text(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
 }
 
+// How many members the round can have at most: the previous ones nobody
+// suspects, the joiners, and whoever else arrived.
+int can_reach(
+    const std::vector<int>& previous,
+    const std::vector<std::pair<int, std::vector<int>>>& arrivals,
+    const std::vector<int>& joining) {
+  std::set<int> suspected, members(joining.begin(), joining.end());
+  for (const auto& [member, suspects] : arrivals) {
+    suspected.insert(suspects.begin(), suspects.end());
+    if (member >= 0)
+      members.insert(member);
+  }
+  for (int m : previous) {
+    if (!suspected.count(m))
+      members.insert(m);
+  }
+  return static_cast<int>(members.size());
+}
+
 }  // namespace
 
 std::vector<int> decide_members(
     const std::vector<int>& previous,
     const std::vector<std::pair<int, std::vector<int>>>& arrivals,
     int min_members,
-    bool waited_out) {
+    bool waited_out,
+    const std::vector<int>& joining) {
   std::set<int> arrived, suspected;
   for (const auto& [member, suspects] : arrivals) {
     if (member < 0)
@@ -62,6 +85,10 @@ std::vector<int> decide_members(
   bool complete = true;
   for (int m : previous) {
     if (!suspected.count(m) && !arrived.count(m))
+      complete = false;
+  }
+  for (int m : joining) {
+    if (!arrived.count(m))
       complete = false;
   }
   if (static_cast<int>(arrived.size()) < min_members ||
@@ -85,6 +112,9 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
   const auto deadline = start + r.timeout;
   const std::string members_key = round_key(r, "members");
   std::vector<std::pair<int, std::vector<int>>> arrivals;
+  std::vector<int> joining = r.joining;
+  bool admitted = false;
+  auto next_admission_check = start;
   try {
     const int64_t index = store.add(round_key(r, "arrivals"), 1) - 1;
     store.set(
@@ -115,9 +145,16 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
             std::stoi(value.substr(0, semi)),
             split_ints(semi == std::string::npos ? "" : value.substr(semi + 1)));
       }
-      const bool waited_out = std::chrono::steady_clock::now() >= deadline;
+      const auto now = std::chrono::steady_clock::now();
+      const bool waited_out = now >= deadline;
+      if (!admitted && now >= next_admission_check &&
+          can_reach(r.previous, arrivals, joining) < r.min_members) {
+        next_admission_check = now + std::chrono::milliseconds(50);
+        admitted = admit_while_short(store, r, joining);
+      }
       const std::vector<int> members =
-          decide_members(r.previous, arrivals, r.min_members, waited_out);
+          decide_members(
+              r.previous, arrivals, r.min_members, waited_out, joining);
       if (!members.empty()) {
         if (store.add(round_key(r, "claim"), 1) == 1)
           store.set(members_key, bytes(join_ints(members)));
@@ -154,6 +191,110 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
         "); a store hosted by a rank dies with it: run the job under "
         "ronderun --min-np, whose store outlives every rank");
   }
+}
+
+bool admit_while_short(
+    c10d::Store& store, const MembershipRequest& r, std::vector<int>& joining) {
+  const std::string expected = round_key(r, "expected");
+  if (!store.check({expected})) {
+    // One arrival admits, once per round; the others read what it wrote.
+    if (pending_joiners(store, r.job_id) == 0 ||
+        store.add(round_key(r, "admission"), 1) != 1)
+      return false;
+    admit_joiners(store, r.job_id, r.epoch, r.previous);
+  }
+  const std::string value = text(store.get(expected));
+  const size_t semi = value.find(';');
+  if (semi != std::string::npos) {
+    for (int m : split_ints(value.substr(semi + 1))) {
+      if (std::find(joining.begin(), joining.end(), m) == joining.end())
+        joining.push_back(m);
+    }
+  }
+  return true;
+}
+
+void post_joiner(c10d::Store& store, const std::string& job_id, int member) {
+  const int64_t index = store.add(elastic_key(job_id, "joiners"), 1) - 1;
+  store.set(
+      elastic_key(job_id, "joiner/" + std::to_string(index)),
+      bytes(std::to_string(member)));
+}
+
+int64_t wait_admission(
+    c10d::Store& store,
+    const std::string& job_id,
+    int member,
+    std::chrono::milliseconds patience) {
+  const std::string admit =
+      elastic_key(job_id, "admit/" + std::to_string(member));
+  const std::string closed = elastic_key(job_id, "closed");
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throw std::runtime_error(
+          "no member admitted it within " +
+          std::to_string(patience.count() / 1000) +
+          " s (20 times the timeout): the job commits too rarely, or has no "
+          "members left");
+    }
+    if (store.check({admit}))
+      return std::stoll(text(store.get(admit)));
+    if (store.check({closed}))
+      return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int64_t pending_joiners(c10d::Store& store, const std::string& job_id) {
+  return store.add(elastic_key(job_id, "joiners"), 0) -
+      store.add(elastic_key(job_id, "admitted"), 0);
+}
+
+std::vector<int> admit_joiners(
+    c10d::Store& store,
+    const std::string& job_id,
+    uint64_t epoch,
+    const std::vector<int>& previous) {
+  const int64_t posted = store.add(elastic_key(job_id, "joiners"), 0);
+  const int64_t admitted = store.add(elastic_key(job_id, "admitted"), 0);
+  std::vector<int> joining;
+  for (int64_t i = admitted; i < posted; ++i) {
+    const std::string key = elastic_key(job_id, "joiner/" + std::to_string(i));
+    store.wait({key}, std::chrono::milliseconds(2000));
+    const int member = std::stoi(text(store.get(key)));
+    if (std::find(previous.begin(), previous.end(), member) == previous.end())
+      joining.push_back(member);
+  }
+  store.set(
+      elastic_key(job_id, std::to_string(epoch) + "/expected"),
+      bytes(join_ints(previous) + ";" + join_ints(joining)));
+  for (int member : joining) {
+    store.set(
+        elastic_key(job_id, "admit/" + std::to_string(member)),
+        bytes(std::to_string(epoch)));
+  }
+  store.add(elastic_key(job_id, "admitted"), posted - admitted);
+  return joining;
+}
+
+std::pair<std::vector<int>, std::vector<int>> expected_members(
+    c10d::Store& store,
+    const std::string& job_id,
+    uint64_t epoch,
+    std::chrono::milliseconds timeout) {
+  const std::string key =
+      elastic_key(job_id, std::to_string(epoch) + "/expected");
+  store.wait({key}, timeout);
+  const std::string value = text(store.get(key));
+  const size_t semi = value.find(';');
+  return {
+      split_ints(value.substr(0, semi)),
+      split_ints(semi == std::string::npos ? "" : value.substr(semi + 1))};
+}
+
+void close_to_joiners(c10d::Store& store, const std::string& job_id) {
+  store.set(elastic_key(job_id, "closed"), bytes("1"));
 }
 
 }  // namespace ronde::detail

@@ -178,39 +178,37 @@ int64_t refused_count(c10d::Store& store) {
   }
 }
 
-c10::intrusive_ptr<c10d::Store> join_store(
+c10::intrusive_ptr<c10d::Store> connect_store(
     const LaunchInfo& info,
     const Settings& settings,
-    std::chrono::milliseconds timeout,
-    const std::optional<Key32>& secret_key,
-    c10::intrusive_ptr<c10d::Store>* connection) {
-  if (connection != nullptr && *connection) {
-    try {
-      if (auto run = check_identity(**connection, info, secret_key))
-        return c10::make_intrusive<SignedStore>(*connection, *run, info.rank);
-      return *connection;
-    } catch (const CommError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw rendezvous_error(
-          info,
-          std::string("cannot reach the rendezvous store: ") + error_text(e));
-    }
-  }
+    std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info.port);
-  so.isServer = info.rank == 0 && !info.store_hosted;
+  so.isServer = info.rank == 0 && !info.store_hosted && info.join_member < 0;
   so.numWorkers = std::nullopt;
   so.waitWorkers = false;
   so.timeout = timeout;
   // PyTorch's switch for the store server's event loop: USE_LIBUV=0 picks
   // the older, thread-based server (for systems where libuv misbehaves).
   so.useLibUV = settings.use_libuv;
+  return c10::make_intrusive<c10d::TCPStore>(info.addr, so);
+}
+
+c10::intrusive_ptr<c10d::Store> join_store(
+    const LaunchInfo& info,
+    const Settings& settings,
+    std::chrono::milliseconds timeout,
+    const std::optional<Key32>& secret_key,
+    c10::intrusive_ptr<c10d::Store>* connection) {
   try {
-    c10::intrusive_ptr<c10d::Store> store =
-        c10::make_intrusive<c10d::TCPStore>(info.addr, so);
-    if (connection != nullptr)
-      *connection = store;
+    c10::intrusive_ptr<c10d::Store> store;
+    if (connection != nullptr && *connection) {
+      store = *connection;
+    } else {
+      store = connect_store(info, settings, timeout);
+      if (connection != nullptr)
+        *connection = store;
+    }
     if (auto run = check_identity(*store, info, secret_key))
       return c10::make_intrusive<SignedStore>(
           std::move(store), *run, info.rank);

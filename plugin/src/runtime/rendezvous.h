@@ -40,6 +40,14 @@ CommError rendezvous_error(const LaunchInfo& info, const std::string& msg);
 std::optional<Key32> load_job_key(
     const LaunchInfo& info, const std::string& secret_file);
 
+// A connection to the job's store, no more: rank 0 of a job whose launcher
+// hosts none serves it (not a joining process). Throws what TCPStore
+// throws.
+c10::intrusive_ptr<c10d::Store> connect_store(
+    const LaunchInfo& info,
+    const Settings& settings,
+    std::chrono::milliseconds timeout);
+
 // Connects to (rank 0: hosts) the store and checks that the store belongs to
 // this job and that no other process claimed this rank. With a job key,
 // rank 0 publishes a fresh challenge in a record tagged with that key, each

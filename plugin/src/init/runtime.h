@@ -1,0 +1,68 @@
+// What init.cpp and elastic.cpp share: the state init() builds besides the
+// World, and the steps that connect a world, used by init() and again at
+// each elastic change of world.
+#pragma once
+
+#include "comm/world.h"
+#include "runtime/auth.h"
+#include "runtime/launch_env.h"
+#include "runtime/settings.h"
+#include "runtime/stall_inspector.h"
+
+#include <ronde/runtime.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace ronde::detail {
+
+// What init() found and built besides the World: where this process sits in
+// the job, the store, and the inspector watching the World's worker.
+struct Runtime {
+  LaunchInfo info;
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  // What init() was given, for the next epoch's connect().
+  InitOptions options;
+  // This epoch's view of the store (signed when the job is authenticated);
+  // null in a job of one rank.
+  c10::intrusive_ptr<c10d::Store> store;
+  // The connection under it, kept across epochs: on rank 0 of a job whose
+  // launcher hosts no store, the store's server itself.
+  c10::intrusive_ptr<c10d::Store> connection;
+  // The job key (from the job secret), once read; the elastic keys'
+  // view of the store, signed with a key derived from it.
+  std::optional<Key32> job_key;
+  c10::intrusive_ptr<c10d::Store> elastic_store;
+  // This process's rank at launch (its member id for life), and the member
+  // ids of this epoch's ranks, by rank.
+  int member = 0;
+  std::vector<int> members;
+  // Started into a running elastic job, and not yet admitted to it.
+  bool joining = false;
+  // Watches for collectives that a rank never submits; null for one rank.
+  std::unique_ptr<StallInspector> inspector;
+};
+
+// Guards init(), shutdown() and changes of world against each other.
+extern std::mutex g_init_mutex;
+extern Runtime* g_runtime;
+// Counts worlds connected (init() and changes of world): a process set
+// made under one is not part of the next (World::epoch).
+extern uint64_t g_epoch;
+
+// Meets the other ranks of rt.info's world and connects it.
+std::unique_ptr<World> connect(
+    Runtime& rt, const InitOptions& options, const Settings& settings);
+// After connect(): the stall inspector, watching the global set's worker.
+void start_inspector(Runtime& rt, const Settings& settings, Group& global);
+
+}  // namespace ronde::detail
