@@ -7,6 +7,7 @@
 #include "hosts.h"
 #include "options.h"
 #include "rank_env.h"
+#include "ronderun_args.h"
 
 #include <initializer_list>
 #include <string>
@@ -18,17 +19,6 @@ namespace ronde::detail {
 namespace {
 
 using Strings = std::vector<std::string>;
-
-// parse_args on "ronderun ARGS...": returns the error ("" when valid).
-std::string parse(std::initializer_list<const char*> args, Options& options) {
-  std::vector<std::string> words = {"ronderun"};
-  words.insert(words.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& w : words) {
-    argv.push_back(&w[0]);
-  }
-  return parse_args(static_cast<int>(argv.size()), argv.data(), options);
-}
 
 std::string parse_error(std::initializer_list<const char*> args) {
   Options options;

@@ -158,6 +158,20 @@ int Job::run() {
   config.kill_grace_seconds = kill_grace_seconds_;
   config.elastic = options_.min_ranks > 0;
   Supervisor supervisor(config, sinks_, signals_);
+  if (options_.min_ranks > 0) {
+    GrowthConfig growth;
+    growth.restart_failed = options_.restart_failed;
+    growth.max_ranks = options_.max_ranks > 0
+        ? options_.max_ranks
+        : options_.num_ranks;
+    growth.discovery_script = options_.discovery_script;
+    const std::vector<std::string> parent = process_environment();
+    const JobContext job = context();
+    supervisor.enable_growth(
+        growth, [this, parent, job](const std::string& host, int member) {
+          return joiner_launch(options_, parent, job, host, member);
+        });
+  }
   supervisor.start(
       launches,
       options_.command,

@@ -33,6 +33,14 @@ const char kUsage[] =
     "                       a failed rank does not end the job; the others\n"
     "                       go on while at least N ranks are left\n"
     "                       (RONDE_ELASTIC_MIN_NP=N)\n"
+    "  --max-np M           an elastic job grows to at most M ranks\n"
+    "  --host-discovery-script S\n"
+    "                       run S every second; it prints host:slots\n"
+    "                       lines, and new ranks are started on free slots\n"
+    "                       (up to --max-np); they join at the next commit\n"
+    "  --restart-failed     start a replacement for a failed rank on its\n"
+    "                       host after a second; a host that fails three\n"
+    "                       times gets no more ranks\n"
     "  --job-id ID          job id shared by all ranks (default: random)\n"
     "  --port P             rendezvous port (default: a free local port)\n"
     "  --host H             rendezvous address (default: 127.0.0.1; with -H,\n"
@@ -62,12 +70,13 @@ namespace {
 
 bool is_flag(const std::string& arg) {
   return arg == "-h" || arg == "--help" || arg == "--no-prefix" ||
-         arg == "--verbose";
+         arg == "--verbose" || arg == "--restart-failed";
 }
 
 bool takes_value(const std::string& arg) {
   return arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
-         arg == "--min-np" || arg == "--job-id" || arg == "--port" || arg == "--host" ||
+         arg == "--min-np" || arg == "--max-np" ||
+         arg == "--host-discovery-script" || arg == "--job-id" || arg == "--port" || arg == "--host" ||
          arg == "-H" || arg == "--hosts" || arg == "--hostfile" ||
          arg == "--rsh" || arg == "-x" || arg == "--timeline";
 }
@@ -77,6 +86,8 @@ void set_flag(const std::string& arg, Options& options) {
     options.prefix = false;
   } else if (arg == "--verbose") {
     options.verbose = true;
+  } else if (arg == "--restart-failed") {
+    options.restart_failed = true;
   } else {
     options.help = true;
   }
@@ -92,12 +103,13 @@ std::string set_number(
              value + "'";
     }
     options.timeout_seconds = number;
-  } else if (arg == "--min-np") {
+  } else if (arg == "--min-np" || arg == "--max-np") {
     if (!parse_int(value, 1, 1000000, number)) {
-      return "--min-np expects a positive number of ranks, got '" + value +
+      return arg + " expects a positive number of ranks, got '" + value +
           "'";
     }
-    options.min_ranks = static_cast<int>(number);
+    (arg == "--min-np" ? options.min_ranks : options.max_ranks) =
+        static_cast<int>(number);
   } else if (arg == "--port") {
     if (!parse_int(value, 1, 65535, number)) {
       return "--port expects a port number in 1..65535, got '" + value + "'";
@@ -146,6 +158,8 @@ std::string set_text(
     options.rsh = value;
   } else if (arg == "--timeline") {
     options.timeline_dir = value;
+  } else if (arg == "--host-discovery-script") {
+    options.discovery_script = value;
   } else {
     options.host = value;
     options.host_given = true;
@@ -156,7 +170,7 @@ std::string set_text(
 std::string set_value(
     const std::string& arg, const std::string& value, Options& options) {
   if (arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
-      arg == "--min-np" || arg == "--port") {
+      arg == "--min-np" || arg == "--max-np" || arg == "--port") {
     return set_number(arg, value, options);
   }
   if (arg == "-H" || arg == "--hosts" || arg == "--hostfile") {
@@ -220,6 +234,21 @@ std::string parse_args(int argc, char** argv, Options& options) {
   std::string error = check_rank_count(have_np, options);
   if (!error.empty()) {
     return error;
+  }
+  const bool grows = options.max_ranks > 0 ||
+      !options.discovery_script.empty() || options.restart_failed;
+  if (grows && options.min_ranks == 0) {
+    return "--max-np, --host-discovery-script and --restart-failed are for "
+           "elastic jobs: give --min-np too";
+  }
+  if (!options.discovery_script.empty() && options.max_ranks == 0) {
+    return "--host-discovery-script needs --max-np (how far the job may "
+           "grow)";
+  }
+  if (options.max_ranks > 0 && options.max_ranks < options.num_ranks) {
+    return "--max-np " + std::to_string(options.max_ranks) +
+        " is fewer than the job's " + std::to_string(options.num_ranks) +
+        " ranks";
   }
   if (options.min_ranks > options.num_ranks) {
     return "--min-np " + std::to_string(options.min_ranks) +

@@ -33,6 +33,11 @@ struct Options {
   // --min-np: an elastic job (the store is hosted here, a failed rank does
   // not end the job); 0: not elastic.
   int min_ranks = 0;
+  // --max-np, --host-discovery-script, --restart-failed: the growth of an
+  // elastic job (GrowthConfig).
+  int max_ranks = 0;
+  std::string discovery_script;
+  bool restart_failed = false;
   bool prefix = true;
   bool verbose = false;
   bool help = false;

@@ -27,7 +27,8 @@ bool is_own_variable(const std::string& name, const Options& options) {
         kRendezvousPortVar,
         kJobIdVar,
         kJobSecretFileVar,
-        kStoreHostedVar}) {
+        kStoreHostedVar,
+        kElasticJoinVar}) {
     if (name == own) {
       return true;
     }
@@ -178,6 +179,7 @@ std::vector<RankLaunch> rank_launches(
              options, static_cast<int>(r), slot, job.secret_file)) {
       launch.env.push_back(std::move(v));
     }
+    launch.host = slot.host;
     if (!slot.host.empty() && !is_local_host(slot.host)) {
       launch.argv = remote_argv(
           options.rsh,
@@ -189,6 +191,35 @@ std::vector<RankLaunch> rank_launches(
     }
   }
   return launches;
+}
+
+RankLaunch joiner_launch(
+    const Options& options,
+    const std::vector<std::string>& parent_env,
+    const JobContext& job,
+    const std::string& host,
+    int member) {
+  Options one = options;
+  one.num_ranks = 1;
+  RankSlot slot;
+  slot.host = host;
+  RankLaunch launch;
+  launch.host = host;
+  launch.env = base_environment(options, parent_env);
+  for (std::string& v : rank_variables(one, 0, slot, job.secret_file)) {
+    launch.env.push_back(std::move(v));
+  }
+  launch.env.push_back(variable(kElasticJoinVar, std::to_string(member)));
+  if (!host.empty() && !is_local_host(host)) {
+    launch.argv = remote_argv(
+        options.rsh,
+        host,
+        remote_environment(launch.env, options.exports),
+        job.cwd,
+        options.command,
+        job.secret_on_stdin);
+  }
+  return launch;
 }
 
 std::vector<std::string> process_environment() {

@@ -35,6 +35,7 @@ struct JobContext {
 struct RankLaunch {
   std::vector<std::string> env;   // NAME=VALUE, as execve takes them
   std::vector<std::string> argv;  // empty: the command itself, here
+  std::string host;               // the slot's host; empty: this host
 };
 
 // The parent's variables the ranks inherit: all but the job's own (an
@@ -61,6 +62,17 @@ std::vector<RankLaunch> rank_launches(
     const Options& options,
     const std::vector<std::string>& parent_env,
     const JobContext& job);
+
+// A process started into a running elastic job on `host` (empty or local:
+// this host) as member `member`: a world of one (RONDE_RANK=0,
+// RONDE_SIZE=1) that joins at the members' next commit
+// (RONDE_ELASTIC_JOIN=member).
+RankLaunch joiner_launch(
+    const Options& options,
+    const std::vector<std::string>& parent_env,
+    const JobContext& job,
+    const std::string& host,
+    int member);
 
 // The process's own environment, for rank_launches.
 std::vector<std::string> process_environment();

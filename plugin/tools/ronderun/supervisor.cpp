@@ -58,9 +58,14 @@ void Supervisor::start(
     const std::vector<std::string>& command,
     const std::string& secret,
     const ChildSetup& setup) {
+  command_ = command;
+  secret_ = secret;
+  setup_ = setup;
+  next_member_ = static_cast<int>(launches.size());
   ranks_.resize(launches.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     ranks_[r].index = static_cast<int>(r);
+    ranks_[r].host = host_key(launches[r].host);
     ranks_[r].prefix = rank_prefix(static_cast<int>(r));
     ranks_[r].out.sink = STDOUT_FILENO;
     ranks_[r].err.sink = STDERR_FILENO;
@@ -70,25 +75,130 @@ void Supervisor::start(
     if (SignalForwarding::any_pending()) {
       break;
     }
-    const RankLaunch& launch = launches[static_cast<size_t>(rank.index)];
-    const bool remote = !launch.argv.empty();
-    SpawnedRank spawned;
-    if (!spawn_rank(
-            rank.index,
-            remote ? launch.argv : command,
-            launch.env,
-            remote ? secret : std::string(),
-            setup,
-            sinks_,
-            spawned)) {
+    if (!spawn(rank, launches[static_cast<size_t>(rank.index)])) {
       first_failure_code_ = kFailureExitCode;
       stop_ranks(SIGTERM, config_.kill_grace_seconds);
       break;
     }
-    rank.pid = spawned.pid;
-    rank.running = true;
-    rank.out.fd = spawned.out_fd;
-    rank.err.fd = spawned.err_fd;
+  }
+}
+
+bool Supervisor::spawn(SupervisedRank& rank, const RankLaunch& launch) {
+  const bool remote = !launch.argv.empty();
+  SpawnedRank spawned;
+  if (!spawn_rank(
+          rank.index,
+          remote ? launch.argv : command_,
+          launch.env,
+          remote ? secret_ : std::string(),
+          setup_,
+          sinks_,
+          spawned)) {
+    return false;
+  }
+  rank.pid = spawned.pid;
+  rank.running = true;
+  rank.out.fd = spawned.out_fd;
+  rank.err.fd = spawned.err_fd;
+  return true;
+}
+
+void Supervisor::enable_growth(
+    GrowthConfig config,
+    std::function<RankLaunch(const std::string& host, int member)> launch) {
+  growth_ = std::move(config);
+  joiner_launch_ = std::move(launch);
+  if (!growth_.discovery_script.empty()) {
+    next_discovery_ = Clock::now();
+  }
+}
+
+void Supervisor::schedule_restart(const SupervisedRank& rank) {
+  const std::string where = rank.host.empty() ? "this host" : rank.host;
+  const int failures = ++host_failures_[rank.host];
+  if (failures >= growth_.max_failures_per_host) {
+    blacklist_.insert(rank.host);
+    sinks_.message(
+        where + " has had " + std::to_string(failures) +
+        " failed ranks: no more ranks are started there");
+    return;
+  }
+  restarts_.push_back(
+      {rank.host,
+       Clock::now() + seconds_to_duration(growth_.cooldown_seconds)});
+  sinks_.message(
+      "starting a replacement for rank " + std::to_string(rank.index) +
+      " on " + where + " in " + std::to_string(growth_.cooldown_seconds) +
+      " s");
+}
+
+void Supervisor::handle_growth() {
+  // Training is over once a rank finished cleanly; with nobody left,
+  // nobody could admit a new rank.
+  if (stopping_ || any_clean_exit_ || !any_running() || !joiner_launch_) {
+    restarts_.clear();
+    next_discovery_.reset();
+    return;
+  }
+  const auto now = Clock::now();
+  std::vector<std::string> hosts;
+  for (auto it = restarts_.begin(); it != restarts_.end();) {
+    if (it->due <= now) {
+      hosts.push_back(it->host);
+      it = restarts_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (next_discovery_ && *next_discovery_ <= now) {
+    next_discovery_ =
+        now + seconds_to_duration(growth_.discovery_interval_seconds);
+    std::string output;
+    std::vector<HostSlots> found;
+    std::string error = run_discovery(growth_.discovery_script, output);
+    if (error.empty()) {
+      error = parse_discovery(output, found);
+    }
+    if (!error.empty() && error != last_discovery_error_) {
+      sinks_.message(error);
+    }
+    last_discovery_error_ = error;
+    if (error.empty()) {
+      std::map<std::string, int> running;
+      for (const SupervisedRank& r : ranks_) {
+        if (r.running) {
+          ++running[r.host];
+        }
+      }
+      for (const Restart& r : restarts_) {
+        ++running[r.host];
+      }
+      for (const std::string& h : hosts) {
+        ++running[host_key(h)];
+      }
+      const int most = growth_.max_ranks;
+      for (const std::string& h :
+           plan_growth(found, running, most, blacklist_)) {
+        hosts.push_back(h);
+      }
+    }
+  }
+  for (const std::string& host : hosts) {
+    const int member = next_member_++;
+    ranks_.emplace_back();
+    SupervisedRank& rank = ranks_.back();
+    rank.index = member;
+    rank.host = host_key(host);
+    rank.prefix = rank_prefix(member);
+    rank.out.sink = STDOUT_FILENO;
+    rank.err.sink = STDERR_FILENO;
+    sinks_.message(
+        "starting rank " + std::to_string(member) + " on " +
+        (rank.host.empty() ? std::string("this host") : rank.host) +
+        " to join the running job");
+    if (!spawn(rank, joiner_launch_(host, member))) {
+      rank.running = false;
+    }
   }
 }
 
@@ -110,7 +220,7 @@ bool Supervisor::any_running() const {
 }
 
 bool Supervisor::finished() const {
-  return std::all_of(
+  return restarts_.empty() && std::all_of(
       ranks_.begin(), ranks_.end(), [](const SupervisedRank& rank) {
         return !rank.running && rank.out.fd < 0 && rank.err.fd < 0;
       });
@@ -118,7 +228,12 @@ bool Supervisor::finished() const {
 
 int Supervisor::poll_timeout_ms() const {
   std::optional<Clock::time_point> next;
-  for (const auto& deadline : {kill_deadline_, drain_deadline_}) {
+  std::vector<std::optional<Clock::time_point>> deadlines = {
+      kill_deadline_, drain_deadline_, next_discovery_};
+  for (const Restart& r : restarts_) {
+    deadlines.emplace_back(r.due);
+  }
+  for (const auto& deadline : deadlines) {
     if (deadline && (!next || *deadline < *next)) {
       next = deadline;
     }
@@ -161,6 +276,9 @@ void Supervisor::stop_ranks(int signo, double seconds_until_kill) {
 }
 
 void Supervisor::handle_deadlines() {
+  if (growth_.any()) {
+    handle_growth();
+  }
   const auto now = Clock::now();
   if (kill_deadline_ && now >= *kill_deadline_) {
     kill_at_deadline();
@@ -254,6 +372,9 @@ void Supervisor::on_rank_exit(SupervisedRank& rank, int status) {
     sinks_.message(
         who + exit.how +
         (any_running() ? "; the job is elastic: the other ranks go on" : ""));
+    if (growth_.restart_failed && !any_clean_exit_ && any_running()) {
+      schedule_restart(rank);
+    }
     return;
   }
   if (exit.code == 0 || first_failure_code_) {

@@ -5,6 +5,7 @@
 // without it.
 #pragma once
 
+#include "growth.h"
 #include "output.h"
 #include "rank_env.h"
 #include "signals.h"
@@ -13,7 +14,10 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,7 +33,8 @@ constexpr double kMaxKillGraceSeconds = 7.0 * 24 * 3600;
 double parse_kill_grace(const char* text, std::string& warning);
 
 struct SupervisedRank {
-  int index = 0;
+  int index = 0;   // its member id: launch rank, or the id it joined with
+  std::string host;  // host_key() of where it runs
   pid_t pid = -1;  // also the process group id
   bool running = false;
   std::string prefix;
@@ -62,6 +67,12 @@ class Supervisor {
       const std::string& secret,
       const ChildSetup& setup);
 
+  // An elastic job that grows (call before watch()): `launch` makes the
+  // launch of a process joining on `host` as member `member`.
+  void enable_growth(
+      GrowthConfig config,
+      std::function<RankLaunch(const std::string& host, int member)> launch);
+
   // Returns once every rank has exited and its output is closed.
   void watch();
 
@@ -86,6 +97,11 @@ class Supervisor {
   void emit_lines(
       const SupervisedRank& rank, int sink, const char* data, size_t size);
   void stop_ranks(int signo, double seconds_until_kill);
+  bool spawn(SupervisedRank& rank, const RankLaunch& launch);
+  // Elastic growth, between polls: replacements that are due, and the
+  // discovery script's new slots.
+  void handle_growth();
+  void schedule_restart(const SupervisedRank& rank);
   void signal_live_groups(int signo);
   void abort_job();
 
@@ -100,6 +116,23 @@ class Supervisor {
   bool any_clean_exit_ = false;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
+  // What start() was given, for processes started later.
+  std::vector<std::string> command_;
+  std::string secret_;
+  ChildSetup setup_;
+  // Elastic growth.
+  GrowthConfig growth_;
+  std::function<RankLaunch(const std::string&, int)> joiner_launch_;
+  struct Restart {
+    std::string host;
+    Clock::time_point due;
+  };
+  std::vector<Restart> restarts_;
+  std::map<std::string, int> host_failures_;
+  std::set<std::string> blacklist_;
+  std::optional<Clock::time_point> next_discovery_;
+  std::string last_discovery_error_;
+  int next_member_ = 0;
 };
 
 }  // namespace ronde::detail
