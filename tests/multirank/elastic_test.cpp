@@ -56,11 +56,17 @@ class Elastic : public ::testing::Test {
 
   // ronderun -np NP --min-np MIN over the worker's elastic_train, with its
   // segments in a directory of the test's own, under a hard time limit.
-  Outcome run(int np, int min_np, const std::string& args, int timeout = 15) {
+  Outcome run(
+      int np,
+      int min_np,
+      const std::string& args,
+      int timeout = 15,
+      const std::string& growth = "") {
     const std::string out = dir_ + "/out.txt";
     const std::string cmd = "RONDE_SHM_DIR=" + shm_ +
         " timeout -s KILL 120 " + std::string(RONDERUN_PATH) + " -np " +
-        std::to_string(np) + " --min-np " + std::to_string(min_np) +
+        std::to_string(np) + " --min-np " + std::to_string(min_np) + " " +
+        growth +
         " --timeout " + std::to_string(timeout) + " -- " +
         ronde::testing::worker_path() +
         " elastic_train " + args + " > " + out + " 2>&1";
@@ -74,9 +80,10 @@ class Elastic : public ::testing::Test {
   }
 
   // Survivors finished with `size` ranks and rank 0's checks held.
-  void expect_went_on(const Outcome& o, int size) {
+  void expect_went_on(const Outcome& o, int size, int died = -1) {
     EXPECT_EQ(o.rc, 0) << o.text;
-    EXPECT_EQ(count_of(o.text, "dying"), 4 - size) << o.text;
+    EXPECT_EQ(count_of(o.text, "dying"), died < 0 ? 4 - size : died)
+        << o.text;
     EXPECT_EQ(
         count_of(o.text, "with " + std::to_string(size) + " ranks\n"), size)
         << o.text;
@@ -88,7 +95,8 @@ class Elastic : public ::testing::Test {
         o.text.find("for " + std::to_string(size) + " ranks"),
         std::string::npos)
         << o.text;
-    EXPECT_NE(o.text.find("the job is elastic"), std::string::npos) << o.text;
+    if (died != 0)
+      EXPECT_NE(o.text.find("the job is elastic"), std::string::npos) << o.text;
     expect_nothing_left();
   }
 
@@ -123,6 +131,41 @@ TEST_F(Elastic, SecondFailureDuringRecovery) {
   const Outcome o = run(4, 2, "7 3 forward 2 reset");
   expect_went_on(o, 2);
   EXPECT_NE(o.text.find("eras: 0:4 6:3 6:2"), std::string::npos) << o.text;
+}
+
+// A replacement for the lost rank joins at a later commit, takes the
+// state from rank 0, and the job ends with four ranks again.
+TEST_F(Elastic, AFailedRankIsReplaced) {
+  const Outcome o =
+      run(4, 2, "7 3 forward sleep 120", 15, "--restart-failed");
+  expect_went_on(o, 4, 1);
+  EXPECT_NE(o.text.find("starting a replacement for rank 3"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("eras: 0:4 6:3 "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("(ranks joined)"), std::string::npos) << o.text;
+}
+
+// Two ranks grow to four through the discovery script's slots.
+TEST_F(Elastic, GrowsThroughTheDiscoveryScript) {
+  const std::string hosts = dir_ + "/hosts";
+  std::ofstream(hosts) << "localhost:4\n";
+  const Outcome o = run(
+      2, 2, "-1 sleep 120", 15,
+      "--max-np 4 --host-discovery-script 'cat " + hosts + "'");
+  expect_went_on(o, 4, 0);
+  EXPECT_EQ(count_of(o.text, "to join the running job"), 2) << o.text;
+  EXPECT_NE(o.text.find("eras: 0:2 "), std::string::npos) << o.text;
+}
+
+// Below the minimum, the survivors wait; the replacement ronderun starts
+// arrives within the timeout and the job goes on with three ranks.
+TEST_F(Elastic, BelowTheMinimumAReplacementArrivesInTime) {
+  const Outcome o =
+      run(3, 3, "4 2 forward sleep 60", 15, "--restart-failed");
+  expect_went_on(o, 3, 1);
+  EXPECT_NE(o.text.find("starting a replacement for rank 2"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("eras: 0:3 4:3"), std::string::npos) << o.text;
 }
 
 TEST_F(Elastic, BelowTheMinimumFailsEverySurvivorClearly) {

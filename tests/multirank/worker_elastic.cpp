@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -29,7 +31,10 @@ namespace {
 constexpr int64_t kSamples = 48;
 constexpr int64_t kDim = 4;
 constexpr int64_t kEpochs = 2;
-constexpr int64_t kCommitEvery = 3;
+// Commits when the job has read a multiple of this many samples of the
+// epoch: what is left then divides by 2, 3 and 4 ranks, so that every
+// sample is read once whatever the world becomes at a commit.
+constexpr int64_t kCommitSamples = 12;
 constexpr int64_t kSeed = 7;
 constexpr double kLr = 0.02;
 
@@ -93,13 +98,22 @@ torch::Tensor reference(const std::vector<Era>& eras) {
 // others wait in the next collective), "backward" (after it, all-reduces in
 // flight), "commit" (where it would commit), or "reset" (in the callback of
 // the first change of world, whatever STEP: a failure during recovery).
+// "sleep MS" among them makes each step last MS more (time for ranks to
+// join). A process started to join (RONDE_ELASTIC_JOIN) runs the same.
 RONDE_SCENARIO(elastic_train) {
   const int64_t kill_step = argc > 2 ? std::atoll(argv[2]) : -1;
   std::vector<std::pair<int, std::string>> kills;
-  for (int a = 3; a + 1 < argc; a += 2)
-    kills.emplace_back(std::atoi(argv[a]), argv[a + 1]);
+  int step_ms = 0;
+  for (int a = 3; a + 1 < argc; a += 2) {
+    if (std::string(argv[a]) == "sleep")
+      step_ms = std::atoi(argv[a + 1]);
+    else
+      kills.emplace_back(std::atoi(argv[a]), argv[a + 1]);
+  }
   ronde::init();
-  const int launch_rank = ronde::rank();
+  // A joining process is rank 0 of a world of one until admitted: it is
+  // nobody's launch rank.
+  const int launch_rank = ronde::elastic::joining() ? -1 : ronde::rank();
   auto doomed = [&](const std::string& where) {
     for (const auto& [k, w] : kills) {
       if (k == launch_rank && w == where)
@@ -169,7 +183,9 @@ RONDE_SCENARIO(elastic_train) {
             used, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
         seen[epoch] += used;
         ++step;
-        if (step % kCommitEvery == 0) {
+        if (step_ms > 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+        if (sampler.consumed() % kCommitSamples == 0) {
           if (step == kill_step && doomed("commit"))
             die();
           state.commit();

@@ -429,3 +429,22 @@ def test_a_horovod_elastic_script_survives_a_lost_rank(ranks):
                                atol=1e-5, rtol=1e-4)
     other = ranks.load("elastic", 1)
     assert torch.equal(other["params"], res["params"])
+
+
+def test_a_replacement_joins_the_horovod_elastic_script(ranks):
+    # Launch rank 2 of 3 dies at step 5; ronderun starts a replacement,
+    # which joins at a later commit and takes rank 0's state.
+    p = ranks.run("elastic_horovod", "kill_rank=2", "kill_step=5",
+                  "step_sleep=0.3", np=3,
+                  launcher_args=("--min-np", "2", "--restart-failed"))
+    assert "starting a replacement for rank 2" in p.stderr + p.stdout
+    res = ranks.load("elastic", 0)
+    assert res["eras"][:2] == [(0, 3), (4, 2)], res["eras"]
+    assert len(res["eras"]) == 3 and res["eras"][2][1] == 3, res["eras"]
+    assert res["size"] == 3
+    assert torch.equal(res["seen"], torch.ones(2, 24)), res["seen"]
+    assert res["lr"] == pytest.approx(0.02 * 3)
+    torch.testing.assert_close(res["params"], elastic_reference(res["eras"]),
+                               atol=1e-5, rtol=1e-4)
+    for r in (1, 2):  # the survivor and the replacement
+        assert torch.equal(ranks.load("elastic", r)["params"], res["params"])

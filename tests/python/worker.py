@@ -433,13 +433,16 @@ def elastic_data():
     return x, y
 
 
-def elastic_horovod(out, kill_rank="2", kill_step="5"):
+def elastic_horovod(out, kill_rank="2", kill_step="5", step_sleep="0"):
     """A Horovod elastic script (TorchState, ElasticSampler, commit, reset
     callbacks), written against ``hvd = ronde.torch``: launch rank
-    `kill_rank` dies of SIGKILL at global step `kill_step`."""
+    `kill_rank` dies of SIGKILL at global step `kill_step`. It commits when
+    the job has read a multiple of 6 samples, so that what is left divides
+    by 2 and 3 ranks. A process started to join runs the same."""
     import signal
+    import time
     hvd = rt
-    launch_rank = hvd.rank()
+    launch_rank = -1 if rt._C._joining() else hvd.rank()
     x, y = elastic_data()
     dataset = torch.utils.data.TensorDataset(x, y)
     model = torch.nn.Linear(4, 1)
@@ -474,7 +477,8 @@ def elastic_horovod(out, kill_rank="2", kill_step="5"):
                 state.seen[state.epoch] += hvd.allreduce(used, op=hvd.Sum)
                 state.sampler.record_batch(batch_idx, 1)
                 state.step += 1
-                if state.step % 2 == 0:
+                time.sleep(float(step_sleep))
+                if state.sampler.consumed() % 6 == 0:
                     state.commit()
             state.sampler.set_epoch(state.epoch + 1)
 

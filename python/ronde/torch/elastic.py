@@ -25,8 +25,10 @@ the others (the lowest survivor becomes rank 0), the state becomes rank 0's
 last commit, the reset callbacks run, and ``train`` is called again. A
 DistributedOptimizer's LR factor follows the new world size, and an
 ``ElasticSampler`` splits what is left of the epoch over the new ranks.
-Ranks are not added to a running job: ``HostsUpdatedInterrupt`` exists for
-scripts that catch it, and is not raised.
+Processes ronderun starts into the running job (``--restart-failed``,
+``--host-discovery-script``) join at a commit: ``commit()`` raises
+``HostsUpdatedInterrupt``, ``run`` admits them, and they take the state
+from rank 0.
 """
 import copy as _copy
 import functools as _functools
@@ -38,8 +40,9 @@ from . import _C
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal that hosts were added or removed; ronde does not
-    add ranks to a running job, so it is not raised."""
+    """Raised by ``commit()`` when processes wait to join the job (ronderun
+    started them: --restart-failed, --host-discovery-script); ``run``
+    admits them and goes on from that commit."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
@@ -75,7 +78,10 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Where Horovod learns of new hosts; ronde adds none."""
+        """A collective: raises HostsUpdatedInterrupt when processes wait
+        to join the job (``run`` then admits them at this commit)."""
+        if _C.is_initialized() and _C._check_host_updates():
+            raise HostsUpdatedInterrupt()
 
     def save(self):
         raise NotImplementedError
@@ -250,6 +256,10 @@ def run(func):
     @_functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         changed = False
+        if _C._joining():
+            if _C._join_world()[3] < 0:
+                return None  # the job finished before it could take us
+            changed = True
         while True:
             try:
                 if changed:
@@ -260,7 +270,10 @@ def run(func):
                     state.on_reset()
                 else:
                     state.sync()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                if _C.rank() == 0:
+                    _C._close_to_joiners()
+                return result
             except _C.CommError as e:
                 print(f"ronde: rank {_C.rank()}: {e}; forming a new world "
                       "without the ranks that failed", file=_sys.stderr,
@@ -272,6 +285,11 @@ def run(func):
                           flush=True)
                 changed = True
             except HostsUpdatedInterrupt:
+                change = _C._admit_joiners()
+                if _C.rank() == 0:
+                    print(f"ronde: elastic epoch {change[0]}: {change[4]} "
+                          f"rank(s), {change[2]} before (ranks joined)",
+                          file=_sys.stderr, flush=True)
                 changed = True
 
     return wrapper
