@@ -1,10 +1,12 @@
 // The membership round of an elastic job: the decision rule, and survivors
 // meeting in one store from threads, every one with the same outcome.
 #include "runtime/membership.h"
+#include "runtime/rendezvous.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -120,6 +122,29 @@ TEST(Membership, ARoundShortOfTheMinimumAdmitsAWaitingJoiner) {
     EXPECT_EQ(m.members, (std::vector<int>{0, 1, 7}));
   EXPECT_EQ(out[2].rank, 2);
   EXPECT_EQ(ronde::detail::pending_joiners(*store, "membership-test"), 0);
+}
+
+// A rank that saw a peer exit says so in its failure notice: the others
+// suspect that peer at once, without waiting out the 3 s grace for it.
+TEST(Membership, AnExitSeenByOnePeerEndsEveryonesGrace) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  ronde::detail::LaunchInfo info;
+  info.job_id = "membership-test";
+  info.size = 3;
+  info.rank = 1;
+  // Rank 1 saw rank 2's process exit.
+  EXPECT_EQ(
+      ronde::detail::failed_peers(
+          *store, info, std::chrono::milliseconds(300), {}, {2}),
+      (std::vector<int>{0, 2}));  // rank 0 had not posted: the grace ran out
+  info.rank = 0;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(
+      ronde::detail::failed_peers(
+          *store, info, std::chrono::milliseconds(60000)),
+      std::vector<int>{2});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2))
+      << "waited the grace for a rank known to have exited";
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ struct BackendFailure : std::runtime_error {
   BackendFailure(CommError::Kind kind, const std::string& msg)
       : std::runtime_error(msg), kind(kind) {}
   CommError::Kind kind;
+  // Ranks of the communicator whose processes are known to be gone (the
+  // shared-memory backend sees a peer's exit): nobody waits for their
+  // failure notice.
+  std::vector<int> exited;
 };
 
 // Device work of one collective, enqueued on a stream and not yet known to

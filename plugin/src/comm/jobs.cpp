@@ -83,12 +83,20 @@ void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
   comm.abort();
   World& w = world("collective");
   const Group& g = *call.group;
+  // A shared-memory communicator's ranks are the group's.
+  std::vector<int> exited;
+  if (std::string(comm.backend()) == "shm") {
+    for (int r : e.exited) {
+      if (r >= 0 && r < static_cast<int>(g.ranks.size()))
+        exited.push_back(g.ranks[r]);
+    }
+  }
   throw CommError(
       e.kind,
       to_string(call.kind),
       call.name,
       w.rank,
-      w.failed_peers ? w.failed_peers(g.ranks) : std::vector<int>{},
+      w.failed_peers ? w.failed_peers(g.ranks, exited) : std::vector<int>{},
       comm.backend(),
       g.is_global() ? std::string(e.what())
                     : g.label().substr(4) + ": " + e.what());

@@ -83,7 +83,7 @@ void connect(World& w, Group& g) {
         "add_process_set",
         "process set " + std::to_string(g.id) + " " + rank_list(g.ranks),
         w.rank,
-        w.failed_peers ? w.failed_peers(g.ranks) : std::vector<int>{},
+        w.failed_peers ? w.failed_peers(g.ranks, {}) : std::vector<int>{},
         w.global->comm->backend(),
         e.what());
   }

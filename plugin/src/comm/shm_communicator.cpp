@@ -132,7 +132,10 @@ class ShmCommunicator final : public Communicator {
     try {
       fn(*transport_);
     } catch (const shm::Failure& e) {
-      throw BackendFailure(error_kind(e.kind), e.what());
+      BackendFailure f(error_kind(e.kind), e.what());
+      if (e.exited && e.peer >= 0)
+        f.exited.push_back(e.peer);
+      throw f;
     }
   }
 

@@ -60,7 +60,9 @@ struct World {
   // After a collective failed here: the peers among these job ranks that
   // did not report the failure themselves in time (the runtime's failure
   // notices in the store). Null in a job of one rank: nobody to blame.
-  std::function<std::vector<int>(const std::vector<int>& among)> failed_peers;
+  std::function<std::vector<int>(
+      const std::vector<int>& among, const std::vector<int>& exited)>
+      failed_peers;
 
   std::mutex sets_mutex;
   std::map<int, std::shared_ptr<Group>> sets;  // guarded; the added ones

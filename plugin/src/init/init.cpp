@@ -194,8 +194,9 @@ std::unique_ptr<World> connect(
     // The store outlives the World: shutdown() destroys the World first.
     c10d::Store* store = rt.store.get();
     w->failed_peers =
-        [store, info, timeout = rt.timeout](const std::vector<int>& among) {
-          return failed_peers(*store, info, timeout, among);
+        [store, info, timeout = rt.timeout](
+            const std::vector<int>& among, const std::vector<int>& exited) {
+          return failed_peers(*store, info, timeout, among, exited);
         };
   }
   w->global = connect_global(info, config, group, settings.blocking_wait);

@@ -11,11 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace ronde::detail {
@@ -245,29 +247,49 @@ std::vector<int> failed_peers(
     c10d::Store& store,
     const LaunchInfo& info,
     std::chrono::milliseconds timeout,
-    const std::vector<int>& among) {
+    const std::vector<int>& among,
+    const std::vector<int>& exited) {
   const int me = info.rank;
   std::vector<int> peers = among;
   if (peers.empty()) {
     for (int r = 0; r < info.size; ++r)
       peers.push_back(r);
   }
+  // The notice: "gone:" and the ranks this one saw exit.
+  std::string notice = "gone:";
+  for (size_t i = 0; i < exited.size(); ++i)
+    notice += (i ? "," : "") + std::to_string(exited[i]);
   try {
     store.set(
         job_key(info, "failed/" + std::to_string(me)),
-        std::vector<uint8_t>{1});
+        std::vector<uint8_t>(notice.begin(), notice.end()));
   } catch (const std::exception&) {
     return {0};  // rank 0 hosts the store: it is the one gone
   }
+  std::set<int> gone(exited.begin(), exited.end());
   // A notice counts once it opens: one that does not (forged, or replayed
   // from another run) leaves its rank among the suspects, said once.
-  std::set<int> refused;
+  std::set<int> refused, read;
   auto has_notice = [&](int r) {
+    if (read.count(r))
+      return true;
     const std::string key = job_key(info, "failed/" + std::to_string(r));
     if (!store.check({key}))
       return false;
     try {
-      store.get(key);
+      const std::vector<uint8_t> value = store.get(key);
+      const std::string text(value.begin(), value.end());
+      if (text.rfind("gone:", 0) == 0) {
+        std::stringstream list(text.substr(5));
+        std::string item;
+        while (std::getline(list, item, ',')) {
+          char* end = nullptr;
+          const long r = std::strtol(item.c_str(), &end, 10);
+          if (!item.empty() && *end == '\0')
+            gone.insert(static_cast<int>(r));
+        }
+      }
+      read.insert(r);
       return true;
     } catch (const RefusedStoreValue& e) {
       if (refused.insert(r).second)
@@ -281,15 +303,18 @@ std::vector<int> failed_peers(
   std::vector<int> missing;
   for (;;) {
     missing.clear();
+    bool only_gone = true;
     try {
       for (int r : peers) {
-        if (r != me && !has_notice(r))
+        if (r != me && !has_notice(r)) {
           missing.push_back(r);
+          only_gone = only_gone && gone.count(r) > 0;
+        }
       }
     } catch (const std::exception&) {
       return {0};
     }
-    if (missing.empty() || std::chrono::steady_clock::now() >= deadline) {
+    if (only_gone || std::chrono::steady_clock::now() >= deadline) {
       return missing;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

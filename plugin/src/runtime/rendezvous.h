@@ -111,11 +111,14 @@ std::string topology_disagreement(const std::vector<PeerInfo>& peers);
 // short grace for every peer's, and returns the ranks whose notice did not
 // come (dead, or stuck elsewhere), among the job ranks `among` (a process
 // set's; empty: every rank). {0} when the store itself is gone (rank 0
-// hosts it).
+// hosts it). Ranks this one saw exit (`exited`), or that a peer's notice
+// names as exited, are suspects at once: nobody waits out the grace for
+// them.
 std::vector<int> failed_peers(
     c10d::Store& store,
     const LaunchInfo& info,
     std::chrono::milliseconds timeout,
-    const std::vector<int>& among = {});
+    const std::vector<int>& among = {},
+    const std::vector<int>& exited = {});
 
 }  // namespace ronde::detail

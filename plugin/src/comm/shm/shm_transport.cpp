@@ -171,10 +171,11 @@ void Transport::interrupt() {
   futex(&me.wake, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-void Transport::fail(Failure::Kind kind, int peer, const std::string& msg) {
+void Transport::fail(
+    Failure::Kind kind, int peer, const std::string& msg, bool exited) {
   broken_ = msg;
   interrupt();  // peers waiting on this rank fail now, not at their timeout
-  throw Failure(kind, peer, msg);
+  throw Failure(kind, peer, msg, exited);
 }
 
 void Transport::check_usable() const {
@@ -276,7 +277,8 @@ void Transport::await(int peer, int counter, uint64_t step) {
         fail(
             Failure::Kind::PeerGone,
             peer,
-            who() + " exited while this rank waited for it");
+            who() + " exited while this rank waited for it",
+            /*exited=*/true);
       next_check = now + std::chrono::milliseconds(100);
     }
     if (now - start >= timeout_)

@@ -53,10 +53,11 @@ struct Unavailable : std::runtime_error {
 // unusable afterwards.
 struct Failure : std::runtime_error {
   enum class Kind { PeerGone, Timeout, Interrupted, Broken };
-  Failure(Kind kind, int peer, const std::string& msg)
-      : std::runtime_error(msg), kind(kind), peer(peer) {}
+  Failure(Kind kind, int peer, const std::string& msg, bool exited = false)
+      : std::runtime_error(msg), kind(kind), peer(peer), exited(exited) {}
   Kind kind;
   int peer;  // -1 when no peer is to blame
+  bool exited;  // the peer's process is known to be gone
 };
 
 struct Control;
@@ -118,7 +119,11 @@ class Transport {
   void publish(int counter, uint64_t step);
   void await(int peer, int counter, uint64_t step);
   void await_all(int counter, uint64_t step);
-  [[noreturn]] void fail(Failure::Kind kind, int peer, const std::string& msg);
+  [[noreturn]] void fail(
+      Failure::Kind kind,
+      int peer,
+      const std::string& msg,
+      bool exited = false);
   bool peer_alive(int peer) const;
 
   int rank_;
