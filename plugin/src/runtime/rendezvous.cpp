@@ -36,6 +36,9 @@ std::string identity_key(const LaunchInfo& info) {
 // Outside any job's prefix: a process of another job counts itself here.
 constexpr const char* kRefusedKey = "ronde/refused";
 constexpr size_t kChallengeBytes = 32;
+// How long a rank re-reads an identity record of another job before it
+// refuses (the record may be stale, its job's rank 0 about to replace it).
+constexpr int kStaleIdentityMs = 3000;
 
 // Counts a refused process for rank 0's report, then returns the error to
 // throw. Best effort: the store may be gone.
@@ -69,9 +72,22 @@ std::optional<Key32> check_identity(
     if (secret_key)
       run = run_key(*secret_key, challenge);
   } else {
-    auto v = store.get(identity_key(info));
-    const IdentityRecord theirs =
-        decode_identity(std::string(v.begin(), v.end()));
+    auto read = [&] {
+      auto v = store.get(identity_key(info));
+      return decode_identity(std::string(v.begin(), v.end()));
+    };
+    IdentityRecord theirs = read();
+    // The record may be the last attempt's, in a store that outlives its
+    // ranks (torchrun's agent, after a restart): give this job's rank 0 a
+    // moment to write its own before refusing.
+    const auto patience = std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(kStaleIdentityMs);
+    while ((theirs.job_id != info.job_id ||
+            theirs.size != std::to_string(info.size)) &&
+           std::chrono::steady_clock::now() < patience) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      theirs = read();
+    }
     const std::string me =
         "this process (rank " + std::to_string(info.rank) + ")";
     if (theirs.job_id != info.job_id ||
