@@ -370,6 +370,48 @@ def case_host_killed(args, tag):
     check(shm_segments() <= before, f"segments left: {shm_segments() - before}")
 
 
+def case_elastic_host_lost(args, tag):
+    """An elastic 2x2 job under ronderun --min-np 2 loses both ranks of
+    host 1 at one step: the two ranks of host 0 go on as 1x2 (from the
+    hierarchical all-reduce to shared memory), rank 0's parameters equal
+    the single-process reference, every sample is read once, and nothing
+    is left in the hosts or in /dev/shm."""
+    before = shm_segments()
+    private = tempfile.mkdtemp(prefix="ronde-cluster-")
+    try:
+        env = base_env()
+        env["TMPDIR"] = private
+        with Cluster(2, tag) as c:
+            name = c.name
+            spec = f"{c.addr(0)}:2,{c.addr(1)}:2"
+            argv = ronderun_argv(args, c, spec, ["--min-np", "2"],
+                                 ["elastic_train", "7", "2", "forward",
+                                  "3", "forward"])
+            proc = c.start(0, argv, env)
+            codes, outputs, timed_out = wait_all([proc], 180)
+            left_procs = c.pids(0) + c.pids(1)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    check(not timed_out and codes == [0], f"ronderun exited {codes}", outputs)
+    out = outputs[0]
+    if os.environ.get("RONDE_CLUSTER_TEST_VERBOSE"):
+        print(out)
+    for want in ("eras: 0:4 6:2", "parameters match the reference",
+                 "every sample once: yes", "lr 0.04 for 2 ranks"):
+        check(want in out, f"missing {want!r}", outputs)
+    # The first world was hierarchical (its all-reduce failed as such);
+    # the survivors of host 0 finished over shared memory.
+    check("(hierarchical, peer failure)" in out,
+          "the 2x2 world was not hierarchical", outputs)
+    check(out.count("with 2 ranks over shm\n") == 2,
+          "two survivors should finish over shared memory", outputs)
+    check(not left_procs, "processes were left in the hosts", outputs)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                          text=True).stdout
+    check(name + "-" not in left, f"namespaces left behind: {left}")
+    check(shm_segments() <= before, f"segments left: {shm_segments() - before}")
+
+
 CASES = {
     "vars_2x1": lambda a: case_vars(a, 2, 1, "torchrun", "a"),
     "vars_2x2": lambda a: case_vars(a, 2, 2, "torchrun", "b"),
@@ -382,6 +424,7 @@ CASES = {
     "digest_2x2": lambda a: case_digest(a, "k"),
     "loopback_refused": lambda a: case_loopback_refused(a, "i"),
     "host_killed": lambda a: case_host_killed(a, "j"),
+    "elastic_host_lost": lambda a: case_elastic_host_lost(a, "l"),
 }
 
 

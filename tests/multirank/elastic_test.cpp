@@ -85,7 +85,8 @@ class Elastic : public ::testing::Test {
     EXPECT_EQ(count_of(o.text, "dying"), died < 0 ? 4 - size : died)
         << o.text;
     EXPECT_EQ(
-        count_of(o.text, "with " + std::to_string(size) + " ranks\n"), size)
+        count_of(o.text, "with " + std::to_string(size) + " ranks over shm\n"),
+        size)
         << o.text;
     EXPECT_NE(o.text.find("parameters match the reference"), std::string::npos)
         << o.text;

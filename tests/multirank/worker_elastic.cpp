@@ -218,7 +218,7 @@ RONDE_SCENARIO(elastic_train) {
       ++ronde::testing::check_failures();
   }
   std::cout << "finished at step " << step << " with " << ronde::size()
-            << " ranks" << std::endl;
+            << " ranks over " << ronde::host_backend() << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }
