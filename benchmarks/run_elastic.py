@@ -56,8 +56,12 @@ def main():
                 cmd = [torchrun, "--no-python", "--nproc-per-node",
                        str(a.np), "--max-restarts", "1", "--master-port",
                        str(29500 + r), bench] + args
-            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=900)
+            done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True,
+                                  timeout=900)
+            if done.returncode != 0:
+                sys.exit(f"{mode} round {r} failed ({done.returncode}):\n"
+                         + done.stderr[-3000:])
             with open(js) as f:
                 row = json.load(f)
             row["round"] = r
