@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <utility>
 
 namespace ronde::detail {
@@ -31,6 +32,13 @@ constexpr size_t kReadChunk = 64 * 1024;
 Supervisor::Clock::duration seconds_to_duration(double seconds) {
   return std::chrono::duration_cast<Supervisor::Clock::duration>(
       std::chrono::duration<double>(seconds));
+}
+
+// 1, 0.5, 2.25: a duration as a person writes it.
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << seconds;
+  return out.str();
 }
 
 }  // namespace
@@ -128,7 +136,7 @@ void Supervisor::schedule_restart(const SupervisedRank& rank) {
        Clock::now() + seconds_to_duration(growth_.cooldown_seconds)});
   sinks_.message(
       "starting a replacement for rank " + std::to_string(rank.index) +
-      " on " + where + " in " + std::to_string(growth_.cooldown_seconds) +
+      " on " + where + " in " + seconds_text(growth_.cooldown_seconds) +
       " s");
 }
 
