@@ -100,22 +100,20 @@ void bind_runtime(py::module_& m) {
   m.def("host_backend", &host_backend);
   m.def("timeout_seconds", &timeout_seconds);
   m.def("version", []() { return std::string(RONDE_VERSION_STRING); });
-  // ronde.torch.elastic's change of world: (epoch, old rank, old size,
-  // rank, size, members at launch rank).
-  m.def(
-      "_change_world",
-      [](const std::vector<int>& suspects) {
-        // A C++ tuple: converted once the GIL is held again.
-        const elastic::WorldChange c = elastic::change_world(suspects);
-        return std::make_tuple(
-            c.epoch, c.old_rank, c.old_size, c.rank, c.size, c.members);
-      },
-      py::arg("suspect_ranks"),
-      release_gil());
+  // ronde.torch.elastic's changes of world: (epoch, old rank, old size,
+  // rank, size, members at launch rank), as a C++ tuple, converted once
+  // the GIL is held again.
   auto change_tuple = [](const elastic::WorldChange& c) {
     return std::make_tuple(
         c.epoch, c.old_rank, c.old_size, c.rank, c.size, c.members);
   };
+  m.def(
+      "_change_world",
+      [change_tuple](const std::vector<int>& suspects) {
+        return change_tuple(elastic::change_world(suspects));
+      },
+      py::arg("suspect_ranks"),
+      release_gil());
   m.def("_check_host_updates", &elastic::check_host_updates, release_gil());
   m.def(
       "_admit_joiners",
