@@ -160,6 +160,38 @@ std::vector<std::string> remote_environment(
   return out;
 }
 
+namespace {
+
+// One rank's launch: the base environment, the rank's variables and
+// `extra`; through the remote template when its host is another.
+RankLaunch launch_at(
+    const Options& options,
+    const std::vector<std::string>& base,
+    int rank,
+    const RankSlot& slot,
+    const JobContext& job,
+    const std::vector<std::string>& extra = {}) {
+  RankLaunch launch;
+  launch.host = slot.host;
+  launch.env = base;
+  for (std::string& v : rank_variables(options, rank, slot, job.secret_file)) {
+    launch.env.push_back(std::move(v));
+  }
+  launch.env.insert(launch.env.end(), extra.begin(), extra.end());
+  if (!slot.host.empty() && !is_local_host(slot.host)) {
+    launch.argv = remote_argv(
+        options.rsh,
+        slot.host,
+        remote_environment(launch.env, options.exports),
+        job.cwd,
+        options.command,
+        job.secret_on_stdin);
+  }
+  return launch;
+}
+
+}  // namespace
+
 std::vector<RankLaunch> rank_launches(
     const Options& options,
     const std::vector<std::string>& parent_env,
@@ -170,25 +202,10 @@ std::vector<RankLaunch> rank_launches(
     hosts.push_back({"", options.num_ranks});
   }
   const std::vector<RankSlot> slots = assign_slots(hosts, options.num_ranks);
-  std::vector<RankLaunch> launches(slots.size());
+  std::vector<RankLaunch> launches;
   for (size_t r = 0; r < slots.size(); ++r) {
-    const RankSlot& slot = slots[r];
-    RankLaunch& launch = launches[r];
-    launch.env = base;
-    for (std::string& v : rank_variables(
-             options, static_cast<int>(r), slot, job.secret_file)) {
-      launch.env.push_back(std::move(v));
-    }
-    launch.host = slot.host;
-    if (!slot.host.empty() && !is_local_host(slot.host)) {
-      launch.argv = remote_argv(
-          options.rsh,
-          slot.host,
-          remote_environment(launch.env, options.exports),
-          job.cwd,
-          options.command,
-          job.secret_on_stdin);
-    }
+    launches.push_back(
+        launch_at(options, base, static_cast<int>(r), slots[r], job));
   }
   return launches;
 }
@@ -199,27 +216,18 @@ RankLaunch joiner_launch(
     const JobContext& job,
     const std::string& host,
     int member) {
+  // A world of one until the job admits it.
   Options one = options;
   one.num_ranks = 1;
   RankSlot slot;
   slot.host = host;
-  RankLaunch launch;
-  launch.host = host;
-  launch.env = base_environment(options, parent_env);
-  for (std::string& v : rank_variables(one, 0, slot, job.secret_file)) {
-    launch.env.push_back(std::move(v));
-  }
-  launch.env.push_back(variable(kElasticJoinVar, std::to_string(member)));
-  if (!host.empty() && !is_local_host(host)) {
-    launch.argv = remote_argv(
-        options.rsh,
-        host,
-        remote_environment(launch.env, options.exports),
-        job.cwd,
-        options.command,
-        job.secret_on_stdin);
-  }
-  return launch;
+  return launch_at(
+      one,
+      base_environment(options, parent_env),
+      0,
+      slot,
+      job,
+      {variable(kElasticJoinVar, std::to_string(member))});
 }
 
 std::vector<std::string> process_environment() {
