@@ -14,7 +14,6 @@
 
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
-#include <ronde/timeline.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -42,11 +41,7 @@ void abandon_world(Runtime& rt) {
 
 // Leaves the process as before init(), after a change of world failed.
 void give_up(std::unique_ptr<Runtime> rt) {
-  rt->store.reset();
-  rt->elastic_store.reset();
-  rt->connection.reset();
-  clear_settings();
-  stop_timeline();
+  release(*rt);
 }
 
 // The store as the membership keys see it: sealed with a key derived from
@@ -62,12 +57,8 @@ c10d::Store& elastic_store(Runtime& rt, const Settings& settings) {
         "--min-np hosts (RONDE_STORE_HOSTED=1)");
     rt.connection = connect_store(rt.info, settings, rt.timeout);
   }
-  if (!rt.job_key) {
-    const std::string file = !rt.options.job_secret_file().empty()
-        ? rt.options.job_secret_file()
-        : settings.job_secret_file;
-    rt.job_key = load_job_key(rt.info, file);
-  }
+  if (!rt.job_key)
+    rt.job_key = load_job_key(rt.info, job_secret_file(rt, settings));
   if (rt.job_key) {
     rt.elastic_store = c10::make_intrusive<SignedStore>(
         rt.connection, run_key(*rt.job_key, "ronde elastic membership"),
@@ -129,10 +120,7 @@ elastic::WorldChange form_world(
     give_up(std::move(rt));
     throw;
   }
-  w->epoch = ++g_epoch;
-  if (rt->info.size > 1)
-    start_inspector(*rt, settings, *w->global);
-  install_world(std::move(w));
+  bring_up(*rt, settings, std::move(w));
   change.epoch = static_cast<int64_t>(rt->info.epoch);
   change.rank = rt->info.rank;
   change.size = rt->info.size;
@@ -229,12 +217,7 @@ elastic::WorldChange elastic::admit_joiners() {
   World& w = world("admit_joiners");
   if (w.global && w.global->worker && rt->info.size > 1) {
     try {
-      w.global->worker
-          ->submit(
-              [](Communicator& c, HandleState&) { c.barrier(); },
-              /*run_inline=*/false,
-              "barrier before admitting joiners")
-          .wait();
+      barrier(w, "barrier before admitting joiners");
     } catch (const std::exception&) {
       // A member died meanwhile: the round leaves it out.
     }

@@ -32,9 +32,12 @@ namespace detail {
 std::mutex g_init_mutex;
 // Deliberately never destroyed at exit, like the World.
 Runtime* g_runtime = nullptr;
-uint64_t g_epoch = 0;
 
 namespace {
+
+// Counts worlds connected (init() and changes of world): a process set
+// made under one is not part of the next (World::epoch).
+uint64_t g_epoch = 0;
 
 Runtime& runtime(const char* caller) {
   TORCH_CHECK(
@@ -71,12 +74,9 @@ CommConfig comm_config(
 
 // Step 2: joins (rank 0: hosts) the job's store, authenticated by the job
 // secret when there is one.
-std::optional<Key32> join_job_store(
-    Runtime& rt, const InitOptions& options, const Settings& settings) {
-  const std::string secret_file = !options.job_secret_file().empty()
-      ? options.job_secret_file()
-      : settings.job_secret_file;
-  std::optional<Key32> job_key = load_job_key(rt.info, secret_file);
+std::optional<Key32> join_job_store(Runtime& rt, const Settings& settings) {
+  std::optional<Key32> job_key =
+      load_job_key(rt.info, job_secret_file(rt, settings));
   rt.job_key = job_key;
   rt.store =
       join_store(rt.info, settings, rt.timeout, job_key, &rt.connection);
@@ -181,7 +181,7 @@ std::unique_ptr<World> connect(
   w->blocking_wait = settings.blocking_wait;
   if (info.size > 1) {
     const bool authenticated =
-        join_job_store(rt, options, settings).has_value();
+        join_job_store(rt, settings).has_value();
     config.store = rt.store;
     PeerInfo mine;
     const std::vector<PeerInfo> peers =
@@ -205,16 +205,41 @@ std::unique_ptr<World> connect(
   return w;
 }
 
-// After connect(): the stall inspector, watching the global set's worker.
-void start_inspector(Runtime& rt, const Settings& settings, Group& global) {
-  Group* g = &global;  // destroyed after the inspector
-  rt.inspector = std::make_unique<StallInspector>(
-      rt.store,
-      rt.info,
-      stall_options(settings),
-      StallWatch{
-          [g] { return g->worker->progress(); },
-          [g] { g->comm->interrupt(); }});
+void bring_up(Runtime& rt, const Settings& settings, std::unique_ptr<World> w) {
+  w->epoch = ++g_epoch;
+  if (rt.info.size > 1) {
+    Group* g = w->global.get();  // destroyed after the inspector
+    rt.inspector = std::make_unique<StallInspector>(
+        rt.store,
+        rt.info,
+        stall_options(settings),
+        StallWatch{
+            [g] { return g->worker->progress(); },
+            [g] { g->comm->interrupt(); }});
+  }
+  install_world(std::move(w));
+}
+
+std::string job_secret_file(const Runtime& rt, const Settings& settings) {
+  return !rt.options.job_secret_file().empty() ? rt.options.job_secret_file()
+                                                : settings.job_secret_file;
+}
+
+void barrier(World& w, const char* what) {
+  w.global->worker
+      ->submit(
+          [](Communicator& c, HandleState&) { c.barrier(); },
+          /*run_inline=*/false,
+          what)
+      .wait();
+}
+
+void release(Runtime& rt) {
+  rt.store.reset();
+  rt.elastic_store.reset();
+  rt.connection.reset();
+  clear_settings();
+  stop_timeline();
 }
 
 namespace {
@@ -279,11 +304,8 @@ void init_locked(const InitOptions& options) {
     ignore_sigpipe();
   std::unique_ptr<detail::World> world =
       detail::connect(*rt, options, settings);
-  world->epoch = ++detail::g_epoch;
-  if (rt->info.size > 1)
-    start_inspector(*rt, settings, *world->global);
   detail::install_settings(settings);
-  detail::install_world(std::move(world));
+  bring_up(*rt, settings, std::move(world));
   detail::g_runtime = rt.release();
   if (!settings.timeline.empty())
     start_timeline(settings.timeline);
@@ -302,14 +324,7 @@ void shutdown() {
   detail::stop_added_sets(w);
   if (rt->info.size > 1) {
     try {
-      w.global->worker
-          ->submit(
-              [](detail::Communicator& c, detail::HandleState&) {
-                c.barrier();
-              },
-              /*run_inline=*/false,
-              "barrier at shutdown")
-          .wait();
+      detail::barrier(w, "barrier at shutdown");
     } catch (const std::exception& e) {
       std::cerr << "ronde: warning: rank " << rt->info.rank
                 << " could not meet the other ranks at shutdown: "
@@ -322,12 +337,8 @@ void shutdown() {
   // looks it up to name suspects), then takes it down.
   w.global->worker.reset();
   detail::remove_world().reset();
-  rt->store.reset();
-  rt->elastic_store.reset();
-  rt->connection.reset();
   detail::g_runtime = nullptr;
-  detail::clear_settings();
-  stop_timeline();
+  detail::release(*rt);
 }
 
 bool is_initialized() {

@@ -55,14 +55,19 @@ struct Runtime {
 // Guards init(), shutdown() and changes of world against each other.
 extern std::mutex g_init_mutex;
 extern Runtime* g_runtime;
-// Counts worlds connected (init() and changes of world): a process set
-// made under one is not part of the next (World::epoch).
-extern uint64_t g_epoch;
 
 // Meets the other ranks of rt.info's world and connects it.
 std::unique_ptr<World> connect(
     Runtime& rt, const InitOptions& options, const Settings& settings);
-// After connect(): the stall inspector, watching the global set's worker.
-void start_inspector(Runtime& rt, const Settings& settings, Group& global);
+// After connect(): numbers the world, starts the stall inspector on its
+// global set's worker, and installs it.
+void bring_up(Runtime& rt, const Settings& settings, std::unique_ptr<World> w);
+// The job secret file: InitOptions' when given, else the setting's.
+std::string job_secret_file(const Runtime& rt, const Settings& settings);
+// A barrier of the world's global set, waited on; throws what it throws.
+void barrier(World& w, const char* what);
+// The stores go, and the settings and the timeline with them: what is
+// left of a Runtime once its World is gone.
+void release(Runtime& rt);
 
 }  // namespace ronde::detail

@@ -22,6 +22,11 @@ std::string round_key(const MembershipRequest& r, const std::string& suffix) {
   return elastic_key(r.job_id, std::to_string(r.epoch) + "/" + suffix);
 }
 
+// What rank 0 wrote an epoch's round expects (admit_joiners()).
+std::string expected_key(const std::string& job_id, uint64_t epoch) {
+  return elastic_key(job_id, std::to_string(epoch) + "/expected");
+}
+
 std::string join_ints(const std::vector<int>& v) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i)
@@ -46,6 +51,15 @@ std::vector<uint8_t> bytes(const std::string& s) {
 
 std::string text(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
+}
+
+// An epoch's "expected" value, "previous;joining": the two lists.
+std::pair<std::vector<int>, std::vector<int>> split_expected(
+    const std::string& value) {
+  const size_t semi = value.find(';');
+  return {
+      split_ints(value.substr(0, semi)),
+      split_ints(semi == std::string::npos ? "" : value.substr(semi + 1))};
 }
 
 // How many members the round can have at most: the previous ones nobody
@@ -195,7 +209,7 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
 
 bool admit_while_short(
     c10d::Store& store, const MembershipRequest& r, std::vector<int>& joining) {
-  const std::string expected = round_key(r, "expected");
+  const std::string expected = expected_key(r.job_id, r.epoch);
   if (!store.check({expected})) {
     // One arrival admits, once per round; the others read what it wrote.
     if (pending_joiners(store, r.job_id) == 0 ||
@@ -203,13 +217,9 @@ bool admit_while_short(
       return false;
     admit_joiners(store, r.job_id, r.epoch, r.previous);
   }
-  const std::string value = text(store.get(expected));
-  const size_t semi = value.find(';');
-  if (semi != std::string::npos) {
-    for (int m : split_ints(value.substr(semi + 1))) {
-      if (std::find(joining.begin(), joining.end(), m) == joining.end())
-        joining.push_back(m);
-    }
+  for (int m : split_expected(text(store.get(expected))).second) {
+    if (std::find(joining.begin(), joining.end(), m) == joining.end())
+      joining.push_back(m);
   }
   return true;
 }
@@ -267,7 +277,7 @@ std::vector<int> admit_joiners(
       joining.push_back(member);
   }
   store.set(
-      elastic_key(job_id, std::to_string(epoch) + "/expected"),
+      expected_key(job_id, epoch),
       bytes(join_ints(previous) + ";" + join_ints(joining)));
   for (int member : joining) {
     store.set(
@@ -283,14 +293,9 @@ std::pair<std::vector<int>, std::vector<int>> expected_members(
     const std::string& job_id,
     uint64_t epoch,
     std::chrono::milliseconds timeout) {
-  const std::string key =
-      elastic_key(job_id, std::to_string(epoch) + "/expected");
+  const std::string key = expected_key(job_id, epoch);
   store.wait({key}, timeout);
-  const std::string value = text(store.get(key));
-  const size_t semi = value.find(';');
-  return {
-      split_ints(value.substr(0, semi)),
-      split_ints(semi == std::string::npos ? "" : value.substr(semi + 1))};
+  return split_expected(text(store.get(key)));
 }
 
 void close_to_joiners(c10d::Store& store, const std::string& job_id) {
