@@ -110,6 +110,9 @@ class Checkpointer {
     std::string name;
     std::function<void(torch::serialize::OutputArchive&)> save;
     std::function<void(torch::serialize::InputArchive&)> load;
+    // Run on every rank before rank 0 saves (a sharded optimizer gathers
+    // its state there); may be null.
+    std::function<void()> prepare = nullptr;
   };
   Checkpointer& add_entry(Entry entry);
   // The key (32 bytes) from key_file_, read once; empty without one.

@@ -64,6 +64,11 @@ class GradientSync {
   virtual std::vector<torch::Tensor> gradient_buffers() const = 0;
   // The factor lr_scaling applied to the base LRs (1 without scaling).
   virtual double lr_scale_factor() const = 0;
+  // Whether any rank found an overflow, given this rank's verdict over its
+  // gradient_buffers(): ranks that each hold only their shard agree here.
+  virtual bool found_anywhere(bool found_here) {
+    return found_here;
+  }
 };
 
 // The GradientSync behind `optimizer` (a DistributedOptimizer), or null.

@@ -15,6 +15,20 @@
 
 namespace ronde {
 
+namespace detail {
+struct ShardedOptimizerState;
+}
+
+// A user-written optimizer whose update of each element reads only that
+// element's gradient, parameter and state, as SGD's and Adam's do: deriving
+// from this (beside torch::optim::Optimizer) lets shard_optimizer_state
+// split its parameters into flat ranges. Its save()/load() must use
+// LibTorch's format (torch::optim::serialize), as the built-in ones do.
+class ElementwiseOptimizer {
+ public:
+  virtual ~ElementwiseOptimizer() = default;
+};
+
 class DistributedOptimizer : public torch::optim::Optimizer,
                              public GradientSync {
  public:
@@ -36,7 +50,8 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   // call it to touch gradients before step() (clipping, unscaling); step()
   // then does not reduce again.
   void synchronize() override;
-  // As the wrapped optimizer's. zero_grad(false) keeps gradients as bucket
+  // As the wrapped optimizer's (sharded, the parameters' own .grad too).
+  // zero_grad(false) keeps gradients as bucket
   // views (no copy in the next backward); the default (set_to_none) makes
   // the next backward copy each gradient into its bucket once.
   void zero_grad(bool set_to_none = true);
@@ -61,8 +76,31 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   // save() records the LR factor in force; load() rescales the LRs it
   // restores when this job's factor differs (a checkpoint of N ranks
   // loaded into a job of M, with lr_scaling).
+  //
+  // Sharded (shard_optimizer_state), save() writes the same consolidated
+  // format as an unsharded optimizer, so either kind loads it, at any rank
+  // count: on a job of several ranks it needs consolidate_state_dict(r) on
+  // every rank first and then runs on rank r (the Checkpointer does both).
+  // load() takes this rank's slices of a consolidated state.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  // Sharded: gathers every rank's shards of the optimizer state to rank
+  // `to` (numbered within the process set), for its save(). Every rank of
+  // the set calls it; it holds until the next step. As PyTorch's
+  // ZeroRedundancyOptimizer.consolidate_state_dict.
+  void consolidate_state_dict(int to = 0);
+  // Whether this optimizer shards its state (ZeRO stage 1 or 2).
+  bool sharded() const;
+  // The wrapped optimizer's state entries in bytes (tensors only): what
+  // sharding divides by the set's size.
+  int64_t optimizer_state_bytes() const;
+  // Clips the averaged gradients (waiting for them first) so that their
+  // global norm is at most max_norm, as torch::nn::utils::clip_grad_norm_
+  // over every parameter; sharded, the norm is summed over the ranks'
+  // shards. Returns the norm before clipping.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  // GradientSync: sharded, whether an overflow was found on any rank.
+  bool found_anywhere(bool found_here) override;
   // After a change of world (elastic::State calls it; a collective of the
   // new world): drops the step in flight, whose all-reduces died with the
   // old world, takes rank 0's bucket layout, and recomputes the LR factor
@@ -88,7 +126,17 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   std::shared_ptr<detail::GradientEngine> engine_;
   double lr_scale_factor_ = 1.0;
   std::vector<double> base_lrs_;
+  // Sharded: the user's full groups, where each shard sits, a
+  // consolidated state (optim/shard_state.h); null unsharded.
+  std::shared_ptr<detail::ShardedOptimizerState> shard_;
+  void point_groups_at_shards();
+  void follow_shards();
 };
+
+// torch::nn::utils::clip_grad_norm_ for a DistributedOptimizer's averaged
+// gradients, sharded or not (see DistributedOptimizer::clip_grad_norm).
+double clip_grad_norm_(
+    DistributedOptimizer& optimizer, double max_norm, double norm_type = 2.0);
 
 // Copies root_rank's values into every rank's tensors (parameters, buffers),
 // in place, fused into one broadcast per dtype. Names must agree across ranks.

@@ -86,6 +86,18 @@ struct DistributedOptimizerOptions {
   // divide_by_initial_world_size: g = (1/N) * sum over active ranks of g_r.
   // Without joined ranks both are the mean over the set.
   TORCH_ARG(bool, divide_by_set_size) = false;
+  // ZeRO stage 1: each rank of the set keeps the optimizer state of its own
+  // contiguous range of every bucket only (1/N of it). Backward
+  // reduce-scatters each bucket, the wrapped optimizer steps on flat views
+  // of the owned ranges of the parameters, and an all-gather per bucket
+  // brings every rank's updated range back. Needs an element-wise
+  // optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, or one deriving from
+  // ronde::ElementwiseOptimizer); docs/sharding.md says what else changes.
+  TORCH_ARG(bool, shard_optimizer_state) = false;
+  // ZeRO stage 2 (implies stage 1): a bucket's full-size gradient lives
+  // only until its reduce-scatter; each parameter's .grad is released when
+  // its bucket is sent, and only the owned range is kept.
+  TORCH_ARG(bool, shard_gradients) = false;
 };
 
 }  // namespace ronde

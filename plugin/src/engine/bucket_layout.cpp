@@ -33,6 +33,18 @@ std::string bucket_name(
 
 }  // namespace
 
+// An alias of the buffer's storage rather than an autograd view: LibTorch's
+// zero_grad() calls detach_(), which views refuse.
+at::Tensor segment_view(
+    const at::Tensor& buffer, int64_t offset, at::IntArrayRef sizes) {
+  return at::empty({0}, buffer.options())
+      .set_(
+          buffer.storage(),
+          buffer.storage_offset() + offset,
+          sizes,
+          dense_strides(sizes));
+}
+
 std::vector<size_t> reverse_order(size_t n) {
   std::vector<size_t> order;
   order.reserve(n);
@@ -46,7 +58,9 @@ BucketLayout make_layout(
     const std::vector<at::Tensor>& params,
     const std::vector<size_t>& order,
     size_t first_cap,
-    size_t cap) {
+    size_t cap,
+    int64_t align,
+    bool allocate) {
   BucketLayout layout;
   layout.slot_of.assign(params.size(), 0);
   std::vector<size_t> bytes;
@@ -63,28 +77,29 @@ BucketLayout make_layout(
   for (auto& members : assign_buckets(bytes, keys, first_cap, cap)) {
     LayoutBucket b;
     int64_t numel = 0;
-    for (size_t s : members)
-      numel += layout.slots[s].param.numel();
-    const at::Tensor& first = layout.slots[members.front()].param;
-    b.buffer = at::zeros(
-        {numel + static_cast<int64_t>(members.size())},
-        first.options().requires_grad(false));
-    b.flat = b.buffer.narrow(0, 0, numel);
-    b.mask = b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));
-    int64_t offset = 0;
     for (size_t pos = 0; pos < members.size(); ++pos) {
       LayoutSlot& s = layout.slots[members[pos]];
       s.bucket = layout.buckets.size();
       s.pos = pos;
-      // An alias of the bucket's storage rather than an autograd view:
-      // LibTorch's zero_grad() calls detach_(), which views refuse.
-      s.view = at::empty({0}, b.buffer.options())
-                   .set_(
-                       b.buffer.storage(),
-                       b.buffer.storage_offset() + offset,
-                       s.param.sizes(),
-                       dense_strides(s.param.sizes()));
-      offset += s.param.numel();
+      s.offset = align_up(numel, align);
+      numel = s.offset + s.param.numel();
+    }
+    numel = align_up(numel, align);
+    const at::Tensor& first = layout.slots[members.front()].param;
+    if (allocate) {
+      b.buffer = at::zeros(
+          {numel + static_cast<int64_t>(members.size())},
+          first.options().requires_grad(false));
+      b.flat = b.buffer.narrow(0, 0, numel);
+      b.mask =
+          b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));
+    }
+    b.numel = numel;
+    for (size_t s : members) {
+      LayoutSlot& slot = layout.slots[s];
+      if (!allocate)
+        continue;
+      slot.view = segment_view(b.buffer, slot.offset, slot.param.sizes());
     }
     b.name = bucket_name(layout.buckets.size(), members, layout, names);
     b.slots = std::move(members);

@@ -22,10 +22,6 @@
 namespace ronde::detail {
 namespace {
 
-at::ScalarType wire_dtype(Compression c) {
-  return c == Compression::FP16 ? at::kHalf : at::kBFloat16;
-}
-
 double fusion_mb(double option, const Settings& settings) {
   if (option > 0)
     return option;
@@ -104,7 +100,9 @@ GradientEngine::GradientEngine(
     const Settings& settings)
     : options_(o),
       names_(std::move(names)),
-      bucket_copy_whole_(settings.bucket_copy_whole) {
+      bucket_copy_whole_(settings.bucket_copy_whole),
+      sharded_(o.shard_optimizer_state() || o.shard_gradients()),
+      shard_gradients_(o.shard_gradients()) {
   sizes_ = {fusion_mb(o.fusion_threshold_mb(), settings), o.first_bucket_mb()};
   if (settings.autotune.value_or(o.autotune())) {
     double total = 0;
@@ -121,10 +119,14 @@ GradientEngine::GradientEngine(
       params,
       reverse_order(params.size()),
       mib_bytes(sizes_.first_mb),
-      mib_bytes(sizes_.fusion_mb));
+      mib_bytes(sizes_.fusion_mb),
+      sharded_ ? kShardAlign : 1,
+      !shard_gradients_);
   slot_state_.resize(layout_.slots.size());
   bucket_state_.resize(layout_.buckets.size());
   reset_locked();
+  if (sharded_)
+    make_shards_locked();
 }
 
 GradientEngine::~GradientEngine() {
@@ -268,13 +270,7 @@ void GradientEngine::launch_ready() {
   }
 }
 
-void GradientEngine::launch(size_t bi) {
-  const LayoutBucket& b = layout_.buckets[bi];
-  BucketState& state = bucket_state_[bi];
-  torch::NoGradGuard no_grad;
-  Span span("ronde::launch");
-  pack(bi);
-  write_used_mask(bi);
+GradientEngine::ReduceFactors GradientEngine::reduce_factors() const {
   const double f = options_.gradient_predivide_factor();
   double post = f;
   const int64_t k = options_.backward_passes_per_step();
@@ -286,6 +282,21 @@ void GradientEngine::launch(size_t bi) {
     op = ReduceOp::Sum;
     post /= options_.process_set().size();
   }
+  return {op, 1.0 / f, post};
+}
+
+void GradientEngine::launch(size_t bi) {
+  if (sharded_) {
+    launch_sharded(bi);
+    return;
+  }
+  const LayoutBucket& b = layout_.buckets[bi];
+  BucketState& state = bucket_state_[bi];
+  torch::NoGradGuard no_grad;
+  Span span("ronde::launch");
+  pack(bi);
+  write_used_mask(bi);
+  const ReduceFactors r = reduce_factors();
   profile_.hooks_before_launch.push_back(hooks_);
   profile_.hooks = hooks_;
   at::Tensor target = b.buffer;
@@ -303,9 +314,9 @@ void GradientEngine::launch(size_t bi) {
   state.handle = allreduce_async_(
       target,
       AllreduceOptions()
-          .op(op)
-          .prescale_factor(1.0 / f)
-          .postscale_factor(post)
+          .op(r.op)
+          .prescale_factor(r.pre)
+          .postscale_factor(r.post)
           .name(b.name)
           .process_set(options_.process_set())
           // Bucket layouts were checked on the first step; later steps
@@ -436,8 +447,13 @@ void GradientEngine::synchronize() {
   // order, so every rank still runs every bucket.
   while (next_launch_ < layout_.buckets.size())
     launch(next_launch_++);
-  wait_all();
-  unpack();
+  if (sharded_) {
+    wait_all_sharded();
+    unpack_sharded();
+  } else {
+    wait_all();
+    unpack();
+  }
   synchronized_ = true;
   verified_ = true;
 }
@@ -498,6 +514,8 @@ at::Tensor GradientEngine::step(
       out = update(nullptr);
       span.timeline("optimizer step", "step");
     }
+    if (sharded_)
+      gather_parameters();
     finish_step();
     return out;
   }
@@ -525,6 +543,8 @@ at::Tensor GradientEngine::step(
     out = update(synced);
     span.timeline("optimizer step", "step");
   }
+  if (sharded_)
+    gather_parameters();
   finish_step();
   return out;
 }
@@ -543,7 +563,12 @@ std::vector<std::vector<std::string>> GradientEngine::bucket_names() const {
 std::vector<at::Tensor> GradientEngine::gradient_buffers() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<at::Tensor> out;
-  if (options_.gradient_as_bucket_view()) {
+  if (sharded_) {
+    for (const auto& t : shards_) {
+      if (t.grad().defined())
+        out.push_back(t.grad());
+    }
+  } else if (options_.gradient_as_bucket_view()) {
     for (const auto& b : layout_.buckets)
       out.push_back(b.buffer);
   } else {

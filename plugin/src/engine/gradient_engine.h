@@ -10,6 +10,7 @@
 
 #include "engine/autotune.h"
 #include "engine/bucket_layout.h"
+#include "engine/sharding.h"
 #include "runtime/settings.h"
 
 #include <ronde/gradient_reducer.h>
@@ -24,6 +25,11 @@
 #include <vector>
 
 namespace ronde::detail {
+
+// The 16-bit type a compressed bucket travels as.
+inline at::ScalarType wire_dtype(Compression c) {
+  return c == Compression::FP16 ? at::kHalf : at::kBFloat16;
+}
 
 class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
  public:
@@ -67,6 +73,25 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       bool synchronize);
 
   std::vector<at::Tensor> gradient_buffers() const;
+
+  // ZeRO (shard_optimizer_state / shard_gradients; engine/sharding.h).
+  bool sharded() const {
+    return sharded_;
+  }
+  // This rank's pieces, and for each the tensor the optimizer steps: a flat
+  // view of that piece of its parameter, whose .grad synchronize() points
+  // at the averaged range. Both change when the buckets are laid out again
+  // (take_shards_changed() then says so, once).
+  std::vector<ShardPiece> shard_pieces() const;
+  std::vector<at::Tensor> shard_tensors() const;
+  bool take_shards_changed();
+  // The parameters by index (those the engine averages).
+  std::vector<at::Tensor> parameters() const;
+  // The global norm of the averaged gradients (norm_type 2, inf or any p),
+  // computed piece by piece in the order of an aligned layout and summed
+  // over the set, so that it comes out alike, bit for bit, sharded or not.
+  double gradient_norm(double norm_type);
+
   std::vector<std::vector<std::string>> bucket_names() const;
   StepProfile last_profile() const;
   BucketSizing bucket_sizing() const;
@@ -97,6 +122,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     bool launched = false;
     Handle handle;
     at::Tensor wire;  // the 16-bit copy sent when compressing
+    at::Tensor owned;  // sharded: this rank's averaged range, once waited
   };
 
   void hook(size_t slot, NodePtr accumulator);
@@ -129,6 +155,19 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void relayout_locked(const std::vector<size_t>& order);
   std::vector<size_t> current_order_locked() const;
 
+  // The sharded path (sharded_step.cpp), each under mutex_.
+  struct ReduceFactors {
+    ReduceOp op;
+    double pre, post;
+  };
+  ReduceFactors reduce_factors() const;
+  void launch_sharded(size_t bucket);
+  void wait_all_sharded();
+  void unpack_sharded();
+  void make_shards_locked();
+  // After the update: every rank's updated range back into the parameters.
+  void gather_parameters();
+
   const DistributedOptimizerOptions options_;
   const std::vector<std::string> names_;
   // RONDE_BUCKET_COPY, from the settings init() read.
@@ -152,6 +191,18 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   // while rebuild_buckets waits for it.
   std::vector<size_t> ready_order_;
   std::unique_ptr<Autotuner> tuner_;  // while autotune searches
+  const bool sharded_;
+  const bool shard_gradients_;
+  std::vector<ShardPiece> pieces_;
+  std::vector<at::Tensor> shards_;  // by piece
+  bool shards_changed_ = false;
+  // Sharded, by slot, recorded at launch: whether this rank contributed
+  // the gradient, and whether .grad was defined then (stage 2 releases it).
+  std::vector<float> launched_used_;
+  std::vector<char> had_grad_;
+  Handle used_handle_;
+  at::Tensor used_;  // the flags summed over ranks
+  bool gather_verified_ = false;
   double last_step_end_ = 0;           // on the autotune clock
 };
 

@@ -137,7 +137,14 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   std::vector<at::Tensor> params(names_.size());
   for (const LayoutSlot& s : layout_.slots)
     params[s.index] = s.param;
-  BucketLayout next = make_layout(names_, params, order, first_cap, cap);
+  BucketLayout next = make_layout(
+      names_,
+      params,
+      order,
+      first_cap,
+      cap,
+      sharded_ ? kShardAlign : 1,
+      !shard_gradients_);
   bool same = next.buckets.size() == layout_.buckets.size();
   for (size_t b = 0; same && b < next.buckets.size(); ++b) {
     same = next.buckets[b].slots.size() == layout_.buckets[b].slots.size();
@@ -164,6 +171,8 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   bucket_state_ = std::vector<BucketState>(next.buckets.size());
   layout_ = std::move(next);
   reset_buckets_locked();
+  if (sharded_)
+    make_shards_locked();  // the optimizer's state follows (shard_state.h)
   verified_ = false;  // new buckets: checked across ranks once more
   if (timeline_enabled()) {
     timeline_instant(

@@ -67,6 +67,8 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     at::_amp_foreach_non_finite_check_and_unscale_(list, found_inf, inv_scale);
     found |= found_inf.item<float>() > 0;
   }
+  if (GradientSync* d = gradient_sync_of(optimizer))
+    found = d->found_anywhere(found);
   found_inf_ = found;
   unscaled_ = true;
 }

@@ -4,14 +4,27 @@
 #include <ronde/optimizer.h>
 
 #include "engine/gradient_engine.h"
+#include "optim/shard_state.h"
 
 #include <ronde/runtime.h>
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
 
+#include <map>
+#include <optional>
+#include <sstream>
+
 namespace ronde {
 namespace detail {
+
+struct ShardedOptimizerState {
+  FullGroups groups;  // the user's, of full parameters
+  ShardSpots spots;   // where the wrapped optimizer's shards sit
+  // consolidate_state_dict()'s result, on its rank, until the next step.
+  std::optional<FullState> consolidated;
+};
+
 namespace {
 
 // Param-group options that forward the learning rate to the wrapped
@@ -90,8 +103,34 @@ DistributedOptimizer::DistributedOptimizer(
     groups.push_back(group.params());
   }
   check_param_groups_covered(named_parameters.values(), groups);
+  const bool sharded =
+      options_.shard_optimizer_state() || options_.shard_gradients();
+  if (sharded)
+    detail::check_elementwise(*optimizer_);
   engine_ = detail::make_engine(
       named_parameters.keys(), named_parameters.values(), options_);
+  if (sharded) {
+    shard_ = std::make_shared<detail::ShardedOptimizerState>();
+    shard_->groups = groups;
+    // State the optimizer already has (a step taken before wrapping, a
+    // load) is sliced like a saved one.
+    std::optional<detail::FullState> existing;
+    if (!optimizer_->state().empty()) {
+      torch::serialize::OutputArchive out;
+      optimizer_->save(out);
+      std::ostringstream bytes;
+      out.save_to(bytes);
+      torch::serialize::InputArchive in;
+      std::istringstream stream(bytes.str());
+      in.load_from(stream);
+      existing = detail::read_full(in, *optimizer_, shard_->groups);
+    }
+    engine_->take_shards_changed();
+    point_groups_at_shards();
+    optimizer_->state().clear();
+    if (existing)
+      detail::load_slices(*optimizer_, *existing, shard_->spots, shard_->groups);
+  }
   lr_scale_factor_ = ronde::lr_scale_factor(
       options_.lr_scaling(),
       options_.process_set().size(),
@@ -124,17 +163,181 @@ std::vector<torch::Tensor> DistributedOptimizer::gradient_buffers() const {
 }
 
 torch::Tensor DistributedOptimizer::step(LossClosure closure) {
-  return engine_->step(
+  if (shard_)
+    shard_->consolidated.reset();
+  torch::Tensor out = engine_->step(
       [this](LossClosure c) { return optimizer_->step(std::move(c)); },
       std::move(closure),
       /*synchronize=*/true);
+  if (shard_)
+    follow_shards();
+  return out;
 }
 
 void DistributedOptimizer::zero_grad(bool set_to_none) {
   optimizer_->zero_grad(set_to_none);
+  if (!shard_)
+    return;
+  for (const auto& group : shard_->groups) {
+    for (const auto& p : group) {
+      at::Tensor& grad = const_cast<at::Tensor&>(p).mutable_grad();
+      if (!grad.defined())
+        continue;
+      grad = grad.detach();
+      if (set_to_none)
+        grad.reset();
+      else
+        grad.zero_();
+    }
+  }
+}
+
+bool DistributedOptimizer::sharded() const {
+  return shard_ != nullptr;
+}
+
+// The wrapped optimizer's groups hold this rank's shards: for each group,
+// the pieces of its parameters, in the engine's piece order.
+void DistributedOptimizer::point_groups_at_shards() {
+  const auto pieces = engine_->shard_pieces();
+  const auto shards = engine_->shard_tensors();
+  const auto params = engine_->parameters();
+  std::map<const void*, std::pair<int64_t, int64_t>> where;
+  for (size_t g = 0; g < shard_->groups.size(); ++g) {
+    for (size_t j = 0; j < shard_->groups[g].size(); ++j) {
+      where[shard_->groups[g][j].unsafeGetTensorImpl()] = {
+          static_cast<int64_t>(g), static_cast<int64_t>(j)};
+    }
+  }
+  std::vector<std::vector<torch::Tensor>> lists(shard_->groups.size());
+  shard_->spots.assign(shard_->groups.size(), {});
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    auto it = where.find(params[pieces[k].param].unsafeGetTensorImpl());
+    TORCH_INTERNAL_ASSERT(it != where.end());
+    const auto [g, j] = it->second;
+    lists[g].push_back(shards[k]);
+    shard_->spots[g].push_back(
+        {g, j, pieces[k].param_offset, pieces[k].numel});
+  }
+  for (size_t g = 0; g < lists.size(); ++g)
+    optimizer_->param_groups()[g].params() = std::move(lists[g]);
+}
+
+// After the buckets were laid out again (the first step's rebuild, an
+// autotune trial), ownership moved: the state goes through its full form
+// into the new shards.
+void DistributedOptimizer::follow_shards() {
+  if (!engine_->take_shards_changed())
+    return;
+  const ProcessSet& set = options_.process_set();
+  const auto blobs = detail::exchange_blobs(
+      detail::shard_blob(*optimizer_, shard_->spots), set, -1);
+  detail::FullState full = detail::assemble(blobs, shard_->groups);
+  point_groups_at_shards();
+  detail::load_slices(*optimizer_, full, shard_->spots, shard_->groups);
+}
+
+void DistributedOptimizer::consolidate_state_dict(int to) {
+  TORCH_CHECK(
+      shard_,
+      "ronde: consolidate_state_dict() on an optimizer that does not shard "
+      "(rank ",
+      ronde::rank(),
+      ")");
+  const ProcessSet& set = options_.process_set();
+  TORCH_CHECK(
+      to >= 0 && to < set.size(),
+      "ronde: consolidate_state_dict(",
+      to,
+      ") on rank ",
+      ronde::rank(),
+      ": the set has ",
+      set.size(),
+      " ranks");
+  auto blobs = detail::exchange_blobs(
+      detail::shard_blob(*optimizer_, shard_->spots), set, to);
+  if (set.rank() == to)
+    shard_->consolidated = detail::assemble(blobs, shard_->groups);
+}
+
+int64_t DistributedOptimizer::optimizer_state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [key, state] : optimizer_->state()) {
+    torch::serialize::OutputArchive out;
+    state->serialize(out);
+    std::ostringstream stream;
+    out.save_to(stream);
+    torch::serialize::InputArchive in;
+    std::istringstream back(stream.str());
+    in.load_from(back);
+    for (const std::string& name : in.keys()) {
+      c10::IValue v;
+      in.read(name, v);
+      if (v.isTensor())
+        bytes += static_cast<int64_t>(v.toTensor().nbytes());
+    }
+  }
+  return bytes;
+}
+
+double DistributedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
+  TORCH_CHECK(
+      max_norm >= 0 && norm_type > 0,
+      "ronde: clip_grad_norm needs max_norm >= 0 and norm_type > 0, got ",
+      max_norm,
+      " and ",
+      norm_type,
+      " (rank ",
+      ronde::rank(),
+      ")");
+  const double norm = engine_->gradient_norm(norm_type);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    if (shard_) {
+      for (const auto& t : engine_->shard_tensors()) {
+        if (t.grad().defined())
+          grads.push_back(t.grad());
+      }
+    } else {
+      for (const auto& p : engine_->parameters()) {
+        if (p.grad().defined())
+          grads.push_back(p.grad());
+      }
+    }
+    if (!grads.empty())
+      at::_foreach_mul_(grads, at::Scalar(coef));
+  }
+  return norm;
+}
+
+bool DistributedOptimizer::found_anywhere(bool found_here) {
+  const ProcessSet& set = options_.process_set();
+  if (!shard_ || set.size() == 1)
+    return found_here;
+  at::Tensor flag = at::tensor({found_here ? 1.0f : 0.0f});
+  ronde::allreduce_(
+      flag,
+      AllreduceOptions()
+          .op(ReduceOp::Max)
+          .name("ronde.amp.found_inf")
+          .process_set(set));
+  return flag.item<float>() > 0;
+}
+
+double clip_grad_norm_(
+    DistributedOptimizer& optimizer, double max_norm, double norm_type) {
+  return optimizer.clip_grad_norm(max_norm, norm_type);
 }
 
 void DistributedOptimizer::adapt_to_world() {
+  TORCH_CHECK(
+      !shard_,
+      "ronde: a sharded optimizer cannot follow a change of world: the lost "
+      "ranks' shards of its state are gone with them (rank ",
+      ronde::rank(),
+      ")");
   engine_->adapt_to_world();
   const double factor = ronde::lr_scale_factor(
       options_.lr_scaling(),
@@ -147,7 +350,27 @@ void DistributedOptimizer::adapt_to_world() {
 
 void DistributedOptimizer::save(
     torch::serialize::OutputArchive& archive) const {
-  optimizer_->save(archive);
+  if (shard_) {
+    std::optional<detail::FullState> local;
+    const detail::FullState* full = nullptr;
+    if (shard_->consolidated) {
+      full = &*shard_->consolidated;
+    } else if (options_.process_set().size() == 1) {
+      local = detail::assemble(
+          {detail::shard_blob(*optimizer_, shard_->spots)}, shard_->groups);
+      full = &*local;
+    }
+    TORCH_CHECK(
+        full,
+        "ronde: save() of a sharded DistributedOptimizer on rank ",
+        ronde::rank(),
+        " needs consolidate_state_dict(",
+        options_.process_set().rank(),
+        ") on every rank of its set first (a Checkpointer does this)");
+    detail::write_full(archive, *full, *optimizer_, shard_->groups);
+  } else {
+    optimizer_->save(archive);
+  }
   archive.write("ronde_base_lrs", at::tensor(base_lrs_, at::kDouble));
   archive.write(
       "ronde_lr_scale_factor", at::tensor({lr_scale_factor_}, at::kDouble));
@@ -163,7 +386,13 @@ void DistributedOptimizer::save(
 void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
   // The saved LRs are already scaled: they are restored as they are, and the
   // saved base LRs are what the destructor's division leads back to.
-  optimizer_->load(archive);
+  if (shard_) {
+    const detail::FullState full =
+        detail::read_full(archive, *optimizer_, shard_->groups);
+    detail::load_slices(*optimizer_, full, shard_->spots, shard_->groups);
+  } else {
+    optimizer_->load(archive);
+  }
   at::Tensor base;
   if (archive.try_read("ronde_base_lrs", base) &&
       base.numel() == static_cast<int64_t>(base_lrs_.size())) {

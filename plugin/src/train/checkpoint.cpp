@@ -7,6 +7,7 @@
 #include <ronde/checkpoint.h>
 #include <ronde/collectives.h>
 #include <ronde/data.h>
+#include <ronde/optimizer.h>
 #include <ronde/runtime.h>
 #include <ronde/schedule.h>
 
@@ -162,7 +163,12 @@ Checkpointer& Checkpointer::add(
   return add_entry(
       {name,
        [&optimizer](auto& a) { optimizer.save(a); },
-       [&optimizer](auto& a) { optimizer.load(a); }});
+       [&optimizer](auto& a) { optimizer.load(a); },
+       [&optimizer] {
+         auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer);
+         if (d && d->sharded())
+           d->consolidate_state_dict(0);
+       }});
 }
 
 Checkpointer& Checkpointer::add(
@@ -256,6 +262,10 @@ void Checkpointer::save(int64_t step) {
   // Every rank's generator, so that a rank-specific random stream (dropout
   // seeded per rank) resumes where it was.
   const detail::RngTable rng = detail::gather_rng_table(my_rank(), job_size);
+  for (const auto& e : entries_) {
+    if (e.prepare)
+      e.prepare();
+  }
   std::string error;
   if (my_rank() == 0) {
     try {

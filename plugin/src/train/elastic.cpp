@@ -48,6 +48,13 @@ State& State::add(const std::string& name, torch::nn::Module& module) {
 }
 
 State& State::add(const std::string& name, DistributedOptimizer& optimizer) {
+  TORCH_CHECK(
+      !optimizer.sharded(),
+      "ronde: elastic::State cannot hold a sharded DistributedOptimizer ('",
+      name,
+      "', rank ",
+      ronde::rank(),
+      "): a lost rank's shard of the optimizer state would be lost with it");
   entries_.add(name, static_cast<torch::optim::Optimizer&>(optimizer));
   optimizers_.push_back(&optimizer);
   return *this;

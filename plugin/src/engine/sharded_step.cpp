@@ -1,0 +1,280 @@
+// The gradient engine's sharded path (ZeRO stages 1 and 2; sharding.h): a
+// bucket is reduce-scattered instead of all-reduced, the optimizer steps on
+// views of this rank's pieces of the parameters, and after the update an
+// all-gather per bucket brings every rank's range back into the
+// parameters. Member functions of GradientEngine, under its mutex_ like
+// the rest (docs/sharding.md).
+#include "engine/gradient_engine.h"
+
+#include "engine/pack.h"
+#include "runtime/span.h"
+
+#include <ronde/runtime.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace ronde::detail {
+namespace {
+
+bool compressible(const at::Tensor& t, Compression c) {
+  return c != Compression::None &&
+      (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
+}  // namespace
+
+void GradientEngine::make_shards_locked() {
+  const ProcessSet& set = options_.process_set();
+  pieces_ = detail::shard_pieces(layout_, set.rank(), set.size());
+  shards_.clear();
+  torch::NoGradGuard no_grad;
+  for (const ShardPiece& p : pieces_) {
+    const at::Tensor& param = layout_.slots[p.slot].param;
+    TORCH_CHECK(
+        param.is_contiguous(),
+        "ronde: sharding needs contiguous parameters; '",
+        names_[p.param],
+        "' is not (rank ",
+        ronde::rank(),
+        ")");
+    at::Tensor shard =
+        param.detach().view({-1}).narrow(0, p.param_offset, p.numel);
+    shard.requires_grad_(true);
+    shards_.push_back(std::move(shard));
+  }
+  launched_used_.assign(layout_.slots.size(), 0.0f);
+  had_grad_.assign(layout_.slots.size(), 0);
+  gather_verified_ = false;
+  shards_changed_ = true;
+}
+
+std::vector<ShardPiece> GradientEngine::shard_pieces() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pieces_;
+}
+
+std::vector<at::Tensor> GradientEngine::shard_tensors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shards_;
+}
+
+bool GradientEngine::take_shards_changed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool changed = shards_changed_;
+  shards_changed_ = false;
+  return changed;
+}
+
+std::vector<at::Tensor> GradientEngine::parameters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<at::Tensor> params(layout_.slots.size());
+  for (const LayoutSlot& s : layout_.slots)
+    params[s.index] = s.param;
+  return params;
+}
+
+// Stage 1 packs into the bucket's own buffer; stage 2 into a buffer that
+// lives until the reduce-scatter is done, and lets each .grad go.
+void GradientEngine::launch_sharded(size_t bi) {
+  const LayoutBucket& b = layout_.buckets[bi];
+  BucketState& state = bucket_state_[bi];
+  torch::NoGradGuard no_grad;
+  Span span("ronde::launch");
+  for (size_t slot : b.slots) {
+    launched_used_[slot] = used_here(slot) ? 1.0f : 0.0f;
+    had_grad_[slot] = layout_.slots[slot].param.grad().defined();
+  }
+  at::Tensor flat;
+  if (shard_gradients_) {
+    const at::Tensor& first = layout_.slots[b.slots.front()].param;
+    flat = at::zeros({b.numel}, first.options().requires_grad(false));
+    std::vector<at::Tensor> dst, src;
+    for (size_t slot : b.slots) {
+      const LayoutSlot& s = layout_.slots[slot];
+      if (used_here(slot)) {
+        dst.push_back(segment_view(flat, s.offset, s.param.sizes()));
+        src.push_back(s.param.grad());
+      }
+    }
+    if (!dst.empty())
+      batched_copy(dst, src);
+    for (size_t slot : b.slots)
+      layout_.slots[slot].param.mutable_grad() = at::Tensor();
+  } else {
+    pack(bi);
+    flat = b.flat;
+  }
+  const ReduceFactors r = reduce_factors();
+  profile_.hooks_before_launch.push_back(hooks_);
+  profile_.hooks = hooks_;
+  state.wire = at::Tensor();
+  at::Tensor target = flat;
+  if (compressible(flat, options_.compression())) {
+    state.wire = flat.to(wire_dtype(options_.compression()));
+    target = state.wire;
+  }
+  state.handle = reducescatter_async(
+      target.view({b.numel / kShardAlign, kShardAlign}),
+      ReducescatterOptions()
+          .op(r.op)
+          .prescale_factor(r.pre)
+          .postscale_factor(r.post)
+          .name(b.name)
+          .process_set(options_.process_set())
+          .verify(!verified_ || bi == 0));
+  state.launched = true;
+}
+
+// Whether each parameter was used on some rank, for the pieces this rank
+// steps: one small all-reduce of every slot's flag, after the buckets.
+void GradientEngine::wait_all_sharded() {
+  auto t0 = std::chrono::steady_clock::now();
+  Span span("ronde::wait");
+  used_ = at::tensor(launched_used_, at::kFloat);
+  used_handle_ = allreduce_async_(
+      used_,
+      AllreduceOptions()
+          .op(ReduceOp::Sum)
+          .name("ronde.shard.used")
+          .process_set(options_.process_set())
+          .verify(!verified_));
+  for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
+    BucketState& state = bucket_state_[bi];
+    at::Tensor owned = state.handle.result().view({-1});
+    if (state.wire.defined()) {
+      const at::Tensor& first =
+          layout_.slots[layout_.buckets[bi].slots.front()].param;
+      owned = owned.to(first.scalar_type());
+      state.wire = at::Tensor();
+    }
+    state.owned = owned;
+  }
+  used_handle_.wait();
+  profile_.wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  span.timeline("wait for reduce-scatters", "wait");
+}
+
+// Each shard's .grad becomes its range of the averaged bucket; a parameter
+// unused on every rank keeps what zero_grad() left (none, or zeros), as
+// one process would.
+void GradientEngine::unpack_sharded() {
+  const ProcessSet& set = options_.process_set();
+  const float* used = used_.data_ptr<float>();
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const ShardPiece& p = pieces_[k];
+    const int64_t lo =
+        owned_range(layout_.buckets[p.bucket].numel, set.rank(), set.size())
+            .first;
+    at::Tensor& grad = shards_[k].mutable_grad();
+    if (used[p.slot] > 0 || had_grad_[p.slot]) {
+      // An alias, not a view: LibTorch's zero_grad() detaches in place.
+      grad = segment_view(
+          bucket_state_[p.bucket].owned, p.bucket_offset - lo, {p.numel});
+    } else {
+      grad = at::Tensor();
+    }
+  }
+}
+
+void GradientEngine::gather_parameters() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  torch::NoGradGuard no_grad;
+  Span span("ronde::gather");
+  const ProcessSet& set = options_.process_set();
+  std::vector<Handle> handles(layout_.buckets.size());
+  auto finish = [&](size_t bi) {
+    const LayoutBucket& b = layout_.buckets[bi];
+    at::Tensor all = handles[bi].result().view({-1});
+    TORCH_CHECK(
+        all.numel() == b.numel,
+        "ronde: the all-gather of ",
+        b.name,
+        " brought ",
+        all.numel(),
+        " elements to rank ",
+        ronde::rank(),
+        ", expected ",
+        b.numel,
+        ": a sharded optimizer needs every rank to step (is one in "
+        "ronde::join()?)");
+    std::vector<at::Tensor> dst, src;
+    for (size_t slot : b.slots) {
+      const LayoutSlot& s = layout_.slots[slot];
+      dst.push_back(s.param.detach());
+      src.push_back(segment_view(all, s.offset, s.param.sizes()));
+    }
+    batched_copy(dst, src);
+  };
+  size_t k = 0;
+  for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
+    const LayoutBucket& b = layout_.buckets[bi];
+    const auto [lo, hi] = owned_range(b.numel, set.rank(), set.size());
+    const at::Tensor& first = layout_.slots[b.slots.front()].param;
+    at::Tensor mine = at::zeros({hi - lo}, first.options().requires_grad(false));
+    for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
+      mine.narrow(0, pieces_[k].bucket_offset - lo, pieces_[k].numel)
+          .copy_(shards_[k].detach());
+    }
+    handles[bi] = allgather_async(
+        mine.view({(hi - lo) / kShardAlign, kShardAlign}),
+        CollectiveOptions()
+            .name(b.name + " gather")
+            .process_set(set)
+            .verify(!gather_verified_ || bi == 0));
+    // One bucket in flight while the last one is copied out: at most two
+    // gathered buckets exist at once.
+    if (bi > 0)
+      finish(bi - 1);
+  }
+  if (!layout_.buckets.empty())
+    finish(layout_.buckets.size() - 1);
+  gather_verified_ = true;
+  for (auto& state : bucket_state_)
+    state.owned = at::Tensor();
+  for (auto& shard : shards_)
+    shard.mutable_grad() = at::Tensor();
+  span.timeline("gather parameters", "step");
+}
+
+double GradientEngine::gradient_norm(double norm_type) {
+  synchronize();
+  std::lock_guard<std::mutex> lock(mutex_);
+  torch::NoGradGuard no_grad;
+  const ProcessSet& set = options_.process_set();
+  const bool inf = std::isinf(norm_type);
+  // The pieces an aligned layout would give this rank, over the averaged
+  // gradient this rank holds: its shards', or the full .grad's segments.
+  std::vector<ShardPiece> pieces =
+      sharded_ ? pieces_ : detail::shard_pieces(layout_, set.rank(), set.size(), false);
+  std::vector<at::Tensor> parts;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const ShardPiece& p = pieces[k];
+    at::Tensor g = sharded_ ? shards_[k].grad()
+                            : layout_.slots[p.slot].param.grad();
+    if (!g.defined())
+      continue;
+    if (!sharded_)
+      g = g.reshape({-1}).narrow(0, p.param_offset, p.numel);
+    at::Tensor a = g.detach().to(at::kDouble).abs();
+    parts.push_back(inf ? a.max() : a.pow(norm_type).sum());
+  }
+  at::Tensor local = parts.empty()
+      ? at::zeros({1}, at::kDouble)
+      : (inf ? at::stack(parts).max() : at::stack(parts).sum()).reshape({1});
+  if (set.size() > 1) {
+    allreduce_(
+        local,
+        AllreduceOptions()
+            .op(inf ? ReduceOp::Max : ReduceOp::Sum)
+            .name("ronde.clip.norm")
+            .process_set(set));
+  }
+  const double total = local.item<double>();
+  return inf ? total : std::pow(total, 1.0 / norm_type);
+}
+
+}  // namespace ronde::detail
