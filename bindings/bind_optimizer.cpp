@@ -78,7 +78,9 @@ void bind_optimizer(py::module_& m) {
                       bool rebuild_buckets,
                       bool autotune,
                       const ProcessSet& process_set,
-                      bool divide_by_set_size) {
+                      bool divide_by_set_size,
+                      bool shard_optimizer_state,
+                      bool shard_gradients) {
             return std::make_unique<GradientReducer>(
                 names,
                 params,
@@ -94,7 +96,9 @@ void bind_optimizer(py::module_& m) {
                     rebuild_buckets,
                     autotune,
                     process_set,
-                    divide_by_set_size));
+                    divide_by_set_size)
+                    .shard_optimizer_state(shard_optimizer_state)
+                    .shard_gradients(shard_gradients));
           }),
           py::arg("names"),
           py::arg("parameters"),
@@ -110,6 +114,8 @@ void bind_optimizer(py::module_& m) {
           py::arg("autotune") = false,
           py::arg("process_set") = ProcessSet(),
           py::arg("divide_by_set_size") = false,
+          py::arg("shard_optimizer_state") = false,
+          py::arg("shard_gradients") = false,
           release_gil())
       .def("synchronize", &GradientReducer::synchronize, release_gil())
       .def("synchronized", &GradientReducer::synchronized)
@@ -137,6 +143,21 @@ void bind_optimizer(py::module_& m) {
           py::arg("first_bucket_mb"),
           py::arg("autotuned"))
       .def("names", &GradientReducer::names)
+      // [(param, offset, numel, shard tensor)] for this rank.
+      .def(
+          "shards",
+          [](const GradientReducer& r) {
+            std::vector<py::tuple> out;
+            for (const auto& s : r.shards())
+              out.push_back(py::make_tuple(s.param, s.offset, s.numel, s.tensor));
+            return out;
+          })
+      .def("shards_changed", &GradientReducer::shards_changed)
+      .def(
+          "gradient_norm",
+          &GradientReducer::gradient_norm,
+          py::arg("norm_type") = 2.0,
+          release_gil())
       .def(
           "backward_passes_per_step",
           [](const GradientReducer& r) {

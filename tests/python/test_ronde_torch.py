@@ -448,3 +448,32 @@ def test_a_replacement_joins_the_horovod_elastic_script(ranks):
                                atol=1e-5, rtol=1e-4)
     for r in (1, 2):  # the survivor and the replacement
         assert torch.equal(ranks.load("elastic", r)["params"], res["params"])
+
+
+@pytest.mark.parametrize("optimizer,stage,amp", [
+    ("adam", "1", "0"), ("sgd", "2", "0"), ("adamw", "1", "1")])
+def test_sharded_equals_unsharded(ranks, optimizer, stage, amp):
+    ranks.run("zero", f"optimizer={optimizer}", f"stage={stage}",
+              f"amp={amp}", np=3)
+    for r in range(3):
+        got = ranks.load("zero", r)
+        assert got["differ"] == [], got
+        if amp == "1":
+            assert got["scales"][0] == got["scales"][1] < 256.0, got
+    assert ranks.load("zero", 0)["same_state"] is True
+
+
+def test_zero_redundancy_optimizer_script(ranks):
+    ranks.run("torch_zero", "impl=torch", launcher="torchrun")
+    ranks.run("torch_zero", "impl=ronde", launcher="torchrun")
+    want = ranks.load("zero_params_torch", 0)
+    for r in range(2):
+        assert_params_close(ranks.load("zero_params_ronde", r), want,
+                            atol=1e-6, rtol=1e-5)
+    a = ranks.load("zero_state_torch", 0)
+    b = ranks.load("zero_state_ronde", 0)
+    assert a["state"].keys() == b["state"].keys()
+    for i in a["state"]:
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(b["state"][i][k], a["state"][i][k],
+                                       atol=1e-6, rtol=1e-5)

@@ -138,6 +138,25 @@ class GradientReducer {
   // sizing ends any search still running.
   void set_bucket_sizing(const BucketSizing& sizing);
   const DistributedOptimizerOptions& options() const;
+
+  // Sharded (shard_optimizer_state or shard_gradients; docs/sharding.md):
+  // this rank's pieces of the parameters. `tensor` is what an optimizer
+  // steps: a flat view of elements [offset, offset + numel) of `param`,
+  // whose .grad synchronize() points at the averaged range; step() then
+  // all-gathers the updated ranges into the parameters. The pieces change
+  // when the buckets are laid out again, which shards_changed() reports
+  // once (the optimizer's state must then follow them).
+  struct Shard {
+    torch::Tensor param;
+    int64_t offset = 0;
+    int64_t numel = 0;
+    torch::Tensor tensor;
+  };
+  std::vector<Shard> shards() const;
+  bool shards_changed();
+  // The global norm of the averaged gradients (see
+  // DistributedOptimizer::clip_grad_norm), synchronising first.
+  double gradient_norm(double norm_type);
   // The names of the parameters it reduces (requires_grad only), in the
   // order given.
   const std::vector<std::string>& names() const;

@@ -136,7 +136,8 @@ at::Tensor allgather_work(
     Communicator& comm,
     const Exchanged& ex,
     const Call& c,
-    const at::Tensor& in) {
+    const at::Tensor& in,
+    const at::Tensor& into) {
   const std::vector<Descriptor>& all = ex.all;
   const int64_t row = row_bytes(in);
   std::vector<size_t> bytes(all.size());
@@ -145,7 +146,19 @@ at::Tensor allgather_work(
     bytes[r] = static_cast<size_t>(all[r].dims[0] * row);
     rows += all[r].dims[0];
   }
-  at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
+  // A buffer the caller keeps (the sharded engine's pool) when it fits:
+  // no fresh pages to fault in on every call.
+  const auto shape = shape_with_dim0(in, rows);
+  at::Tensor out;
+  if (into.defined() && into.is_contiguous() &&
+      into.scalar_type() == in.scalar_type() &&
+      into.device() == in.device() &&
+      into.numel() * into.element_size() >= rows * row) {
+    out = into.view({-1}).narrow(0, 0, rows * row / in.element_size()).view(
+        shape);
+  } else {
+    out = at::empty(shape, in.options());
+  }
   if (!ex.payloads.empty()) {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (size_t r = 0; r < all.size(); ++r) {

@@ -42,7 +42,8 @@ at::Tensor allgather_work(
     Communicator& comm,
     const Exchanged& ex,
     const Call& c,
-    const at::Tensor& in);
+    const at::Tensor& in,
+    const at::Tensor& into = at::Tensor());
 
 // Sends splits[r] rows of `in` to rank r; returns what came, and in `recv`
 // how many rows from each rank.

@@ -5,6 +5,7 @@
 // fails on every rank. ronde::join() is in comm/join.cpp.
 #include <ronde/collectives.h>
 
+#include "comm/allgather_into.h"
 #include "comm/collective_bodies.h"
 #include "comm/host_types.h"
 #include "comm/jobs.h"
@@ -134,7 +135,10 @@ Handle broadcast_impl(
 }
 
 Handle allgather_impl(
-    const at::Tensor& tensor, const CollectiveOptions& options, bool blocking) {
+    const at::Tensor& tensor,
+    const CollectiveOptions& options,
+    bool blocking,
+    const at::Tensor& into = at::Tensor()) {
   Group& group = group_of(options.process_set(), "allgather");
   std::string error = check_dtype(tensor);
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
@@ -155,11 +159,13 @@ Handle allgather_impl(
     call.payload = in;
   return submit(
       std::move(call),
-      [in](
+      [in, into](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
-          const Call& c) { state.result = allgather_work(comm, ex, c, in); },
+          const Call& c) {
+        state.result = allgather_work(comm, ex, c, in, into);
+      },
       {in},
       blocking);
 }
@@ -289,6 +295,14 @@ Handle barrier_impl(const ProcessSet& set, bool blocking) {
 }
 
 }  // namespace
+
+Handle allgather_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& into,
+    const CollectiveOptions& options) {
+  return allgather_impl(tensor, options, /*blocking=*/false, into);
+}
+
 }  // namespace detail
 
 // The blocking forms wait at once: their job may run on the caller's thread.

@@ -203,6 +203,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   Handle used_handle_;
   at::Tensor used_;  // the flags summed over ranks
   bool gather_verified_ = false;
+  at::Tensor gather_pool_[2];  // the all-gathers' outputs, reused
   double last_step_end_ = 0;           // on the autotune clock
 };
 

@@ -138,6 +138,29 @@ const DistributedOptimizerOptions& GradientReducer::options() const {
   return engine_->options();
 }
 
+std::vector<GradientReducer::Shard> GradientReducer::shards() const {
+  const auto pieces = engine_->shard_pieces();
+  const auto tensors = engine_->shard_tensors();
+  const auto params = engine_->parameters();
+  std::vector<Shard> out;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    out.push_back(
+        {params[pieces[k].param],
+         pieces[k].param_offset,
+         pieces[k].numel,
+         tensors[k]});
+  }
+  return out;
+}
+
+bool GradientReducer::shards_changed() {
+  return engine_->take_shards_changed();
+}
+
+double GradientReducer::gradient_norm(double norm_type) {
+  return engine_->gradient_norm(norm_type);
+}
+
 const std::vector<std::string>& GradientReducer::names() const {
   return engine_->names();
 }

