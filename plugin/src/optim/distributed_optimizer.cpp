@@ -13,7 +13,6 @@
 
 #include <map>
 #include <optional>
-#include <sstream>
 
 namespace ronde {
 namespace detail {
@@ -118,11 +117,8 @@ DistributedOptimizer::DistributedOptimizer(
     if (!optimizer_->state().empty()) {
       torch::serialize::OutputArchive out;
       optimizer_->save(out);
-      std::ostringstream bytes;
-      out.save_to(bytes);
       torch::serialize::InputArchive in;
-      std::istringstream stream(bytes.str());
-      in.load_from(stream);
+      detail::reopen(out, in);
       existing = detail::read_full(in, *optimizer_, shard_->groups);
     }
     engine_->take_shards_changed();
@@ -145,6 +141,13 @@ DistributedOptimizer::DistributedOptimizer(
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
+  // The wrapped optimizer gets its full groups back; its state, being that
+  // of this rank's shards only, goes (a destructor cannot gather it).
+  if (shard_) {
+    for (size_t g = 0; g < shard_->groups.size(); ++g)
+      optimizer_->param_groups()[g].params() = shard_->groups[g];
+    optimizer_->state().clear();
+  }
   // Undoes the scaling, keeping whatever a schedule did to the LRs since.
   if (lr_scale_factor_ != 1.0)
     detail::scale_lrs(*optimizer_, 1.0 / lr_scale_factor_);
@@ -265,11 +268,8 @@ int64_t DistributedOptimizer::optimizer_state_bytes() const {
   for (const auto& [key, state] : optimizer_->state()) {
     torch::serialize::OutputArchive out;
     state->serialize(out);
-    std::ostringstream stream;
-    out.save_to(stream);
     torch::serialize::InputArchive in;
-    std::istringstream back(stream.str());
-    in.load_from(back);
+    detail::reopen(out, in);
     for (const std::string& name : in.keys()) {
       c10::IValue v;
       in.read(name, v);

@@ -77,6 +77,11 @@ bool same_value(const c10::IValue& a, const c10::IValue& b) {
 
 }  // namespace
 
+void reopen(OutputArchive& out, InputArchive& in) {
+  const std::string bytes = bytes_of(out);
+  load_bytes(in, bytes);
+}
+
 void check_elementwise(const torch::optim::Optimizer& o) {
   TORCH_CHECK(
       !dynamic_cast<const torch::optim::LBFGS*>(&o),
@@ -387,9 +392,8 @@ void load_slices(
   }
   archive.write("state", state);
   archive.write("param_groups", param_groups);
-  const std::string bytes = bytes_of(archive);
   InputArchive in;
-  load_bytes(in, bytes);
+  reopen(archive, in);
   wrapped.state().clear();
   wrapped.load(in);
 }

@@ -40,6 +40,11 @@ struct FullState {
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
 };
 
+// What `out` holds, readable as `in` (through LibTorch's zip format: the
+// one way between the two archive kinds).
+void reopen(
+    torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in);
+
 // Whether shard_optimizer_state may split this optimizer's parameters;
 // throws naming it and why not.
 void check_elementwise(const torch::optim::Optimizer& optimizer);
