@@ -300,9 +300,7 @@ void GradientEngine::launch(size_t bi) {
   profile_.hooks_before_launch.push_back(hooks_);
   profile_.hooks = hooks_;
   at::Tensor target = b.buffer;
-  if (options_.compression() != Compression::None &&
-      (b.buffer.scalar_type() == at::kFloat ||
-       b.buffer.scalar_type() == at::kDouble)) {
+  if (compressible(b.buffer, options_.compression())) {
     Span compress("ronde::compress");
     state.wire = b.buffer.to(wire_dtype(options_.compression()));
     target = state.wire;

@@ -31,6 +31,13 @@ inline at::ScalarType wire_dtype(Compression c) {
   return c == Compression::FP16 ? at::kHalf : at::kBFloat16;
 }
 
+// Whether a bucket of `t`'s type travels compressed: floating buckets of
+// 32 or 64 bits, when compression is on.
+inline bool compressible(const at::Tensor& t, Compression c) {
+  return c != Compression::None &&
+      (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
 class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
  public:
   // How the autograd graph holds a node: std::shared_ptr up to LibTorch

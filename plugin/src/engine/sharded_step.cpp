@@ -18,15 +18,6 @@
 #include <cmath>
 
 namespace ronde::detail {
-namespace {
-
-bool compressible(const at::Tensor& t, Compression c) {
-  return c != Compression::None &&
-      (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
-}
-
-}  // namespace
-
 void GradientEngine::make_shards_locked() {
   const ProcessSet& set = options_.process_set();
   pieces_ = detail::shard_pieces(layout_, set.rank(), set.size());
