@@ -1,6 +1,7 @@
 """The train_bench workloads in PyTorch with DistributedDataParallel (gloo):
-the baseline for ronde's DistributedOptimizer. Launched by ronderun (reads
-RONDE_* variables) or torchrun."""
+the baseline for ronde's DistributedOptimizer. --backend ronde runs the
+same DDP on ronde's torch.distributed backend; --zero wraps the SGD in
+torch's ZeroRedundancyOptimizer. Launched by ronderun (reads RONDE_* variables) or torchrun."""
 import argparse
 import json
 import os
@@ -77,15 +78,20 @@ def main():
     p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
                    help="DDP's communication hook: fp16_compress_hook or "
                         "bf16_compress_hook (the peer of ronde's wire compression)")
+    p.add_argument("--backend", choices=["gloo", "ronde"], default="gloo")
+    p.add_argument("--zero", action="store_true",
+                   help="torch's ZeroRedundancyOptimizer around the SGD")
     p.add_argument("--json")
     a = p.parse_args()
+    if a.backend == "ronde":
+        import ronde.torch  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rank = int(os.environ.get("RONDE_RANK") or os.environ["RANK"])
     size = int(os.environ.get("RONDE_SIZE") or os.environ["WORLD_SIZE"])
     addr = os.environ.get("RONDE_RENDEZVOUS_ADDR") or os.environ["MASTER_ADDR"]
     port = int(os.environ.get("RONDE_RENDEZVOUS_PORT") or os.environ["MASTER_PORT"])
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}",
+    dist.init_process_group(a.backend, init_method=f"tcp://{addr}:{port}",
                             rank=rank, world_size=size)
     model, batch, x, y = make_workload(a.workload)
     # Buffers are not re-broadcast every step: ronde does not do it either.
@@ -98,7 +104,12 @@ def main():
         hook = {"fp16": default_hooks.fp16_compress_hook,
                 "bf16": default_hooks.bf16_compress_hook}[a.compression]
         ddp.register_comm_hook(None, hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    if a.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD,
+                                      lr=0.01, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     samples = []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -111,11 +122,13 @@ def main():
     dist.all_reduce(step, op=dist.ReduceOp.MAX)
     step = step.item()
     if rank == 0:
-        print(f"{a.workload} ddp ({a.compression}): {size} rank(s), median step {step * 1e3:.1f} ms, "
+        print(f"{a.workload} ddp ({a.compression}, {a.backend}"
+              f"{', zero' if a.zero else ''}): {size} rank(s), median step {step * 1e3:.1f} ms, "
               f"{size * batch / step:.1f} samples/s")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"workload": a.workload, "mode": "ddp",
+                           "backend": a.backend, "zero": a.zero,
                            "compression": a.compression, "ranks": size,
                            "batch_per_rank": batch, "step_s": step,
                            "samples_per_s": size * batch / step,

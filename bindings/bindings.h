@@ -4,8 +4,8 @@
 // or signature that names it (ProcessSet before init() and the
 // collectives).
 //
-// Only bind_collectives.cpp and bind_optimizer.cpp pass tensors, so only
-// they include torch/extension.h (its tensor casters), which costs tens of
+// Only bind_collectives.cpp, bind_optimizer.cpp and bind_c10d.cpp pass
+// tensors or torch's own types, so only they include torch/extension.h (its tensor casters), which costs tens of
 // seconds to compile; the others need pybind11 and its STL casters alone,
 // and cast no type that LibTorch gives a caster of its own.
 #pragma once
@@ -33,5 +33,7 @@ void bind_collectives(py::module_& m);
 void bind_optimizer(py::module_& m);
 // The LR scaling, warmup and decay arithmetic shared with C++.
 void bind_schedules(py::module_& m);
+// The torch.distributed backend (ronde/c10d.h) and its creator.
+void bind_c10d(py::module_& m);
 
 }  // namespace ronde::detail

@@ -14,4 +14,5 @@ PYBIND11_MODULE(_C, m) {
   bind_collectives(m);
   bind_optimizer(m);
   bind_schedules(m);
+  bind_c10d(m);
 }

@@ -302,6 +302,11 @@ TEST(SharedMemory, NextJobRemovesSegmentsOfDeadJobs) {
   EXPECT_TRUE(entries(dir.path).empty());
 }
 
+TEST(C10dBackend, ProcessGroupFromCxxStartsRondeAndRunsItsCollectives) {
+  JobResult r = run_job(spec("c10d_process_group", 3));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
 TEST(Collectives, SingleProcessNeedsNoLauncher) {
   // No launcher variables at all: world size 1, no network, same results.
   JobSpec s = spec("collectives", 1);

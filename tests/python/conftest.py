@@ -16,6 +16,7 @@ PYDIR = None if INSTALLED else os.path.join(BUILD, "python")
 RONDERUN = (os.path.join(os.path.dirname(sys.executable), "ronderun")
             if INSTALLED else os.path.join(BUILD, "bin", "ronderun"))
 WORKER = os.path.join(HERE, "worker.py")
+C10D_WORKER = os.path.join(HERE, "worker_c10d.py")
 
 if PYDIR and PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
@@ -36,8 +37,8 @@ class Ranks:
         self.out = str(tmp_path)
 
     def run(self, scenario, *args, np=2, launcher="ronderun", check=True,
-            timeout=240, launcher_args=()):
-        worker = [WORKER, scenario, self.out] + list(args)
+            timeout=240, launcher_args=(), worker=WORKER):
+        worker = [worker, scenario, self.out] + list(args)
         if launcher == "ronderun":
             cmd = [RONDERUN, "-np", str(np), *launcher_args,
                    "--", sys.executable] + worker

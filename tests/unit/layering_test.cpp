@@ -19,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // Lower number, lower layer. optim/ and train/ share a level and may not
-// include each other; init/ composes runtime/ and comm/.
+// include each other; init/ composes runtime/ and comm/; c10d/ (the
+// torch.distributed backend) adapts the collectives.
 const std::map<std::string, int> kLevel = {
     {"runtime", 0},
     {"comm", 1},
@@ -27,6 +28,7 @@ const std::map<std::string, int> kLevel = {
     {"engine", 3},
     {"optim", 4},
     {"train", 4},
+    {"c10d", 5},
 };
 
 // Longer files are split into units (CONTRIBUTING.md, "Layout").

@@ -100,6 +100,12 @@ class Handle {
   // For alltoall: the rows received from each rank. Waits first.
   std::vector<int64_t> received_splits() const;
 
+  // The state the worker finishes, for ronde's own adapters (the c10d
+  // backend attaches its completion to it); null for an empty Handle.
+  const std::shared_ptr<detail::HandleState>& state() const {
+    return state_;
+  }
+
  private:
   std::shared_ptr<detail::HandleState> state_;
 };

@@ -5,7 +5,7 @@
 // fails on every rank. ronde::join() is in comm/join.cpp.
 #include <ronde/collectives.h>
 
-#include "comm/allgather_into.h"
+#include "comm/collective_calls.h"
 #include "comm/collective_bodies.h"
 #include "comm/host_types.h"
 #include "comm/jobs.h"
@@ -295,6 +295,47 @@ Handle barrier_impl(const ProcessSet& set, bool blocking) {
 }
 
 }  // namespace
+
+Handle allreduce_call(
+    const at::Tensor& tensor,
+    const AllreduceOptions& options,
+    bool in_place,
+    bool blocking) {
+  return allreduce_impl(tensor, options, in_place, blocking);
+}
+
+Handle broadcast_call(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options,
+    bool in_place,
+    bool blocking) {
+  return broadcast_impl(tensor, root_rank, options, in_place, blocking);
+}
+
+Handle allgather_call(
+    const at::Tensor& tensor,
+    const CollectiveOptions& options,
+    bool blocking,
+    const at::Tensor& into) {
+  return allgather_impl(tensor, options, blocking, into);
+}
+
+Handle alltoall_call(
+    const at::Tensor& tensor, const AlltoallOptions& options, bool blocking) {
+  return alltoall_impl(tensor, options, blocking);
+}
+
+Handle reducescatter_call(
+    const at::Tensor& tensor,
+    const ReducescatterOptions& options,
+    bool blocking) {
+  return reducescatter_impl(tensor, options, blocking);
+}
+
+Handle barrier_call(const ProcessSet& process_set, bool blocking) {
+  return barrier_impl(process_set, blocking);
+}
 
 Handle allgather_into_async(
     const at::Tensor& tensor,

@@ -153,12 +153,29 @@ bool DeviceWork::finished() {
 }
 
 void HandleState::finish(std::exception_ptr e) {
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex);
     error = std::move(e);
     done = true;
+    callbacks.swap(on_done);
   }
   cv.notify_all();
+  for (auto& fn : callbacks)
+    fn();
+}
+
+void when_done(const Handle& handle, std::function<void()> fn) {
+  const std::shared_ptr<HandleState>& state = handle.state();
+  TORCH_CHECK(state != nullptr, "ronde: when_done() on an empty Handle");
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (!state->done) {
+      state->on_done.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
 }
 
 CommWorker::CommWorker(Communicator& comm, bool blocking_wait)

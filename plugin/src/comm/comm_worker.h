@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ronde::detail {
 
@@ -38,9 +39,21 @@ struct HandleState {
   // RONDE_BLOCKING_WAIT: wait() on device work blocks the host until the
   // device finished it. Set at submit.
   bool blocking_wait = false;
+  // What when_done() attached and finish() has not run yet; guarded by
+  // mutex.
+  std::vector<std::function<void()>> on_done;
 
+  // Sets done and wakes the waiters, then runs the attached callbacks.
   void finish(std::exception_ptr e);
 };
+
+// Runs `fn` once the collective of `handle` finished, successfully or not:
+// at once on this thread when it already has, else on the thread that
+// finishes it (the set's worker, or the caller of an inline job), right
+// after its waiters were woken. `fn` must not wait on a collective of the
+// same set (the worker would wait on itself), and must not throw. Handles of
+// device work are done once queued: this is for host work.
+void when_done(const Handle& handle, std::function<void()> fn);
 
 class CommWorker {
  public:

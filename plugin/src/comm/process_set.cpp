@@ -5,6 +5,7 @@
 
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
+#include <ronde/runtime.h>
 
 #include "comm/text_exchange.h"
 #include "comm/world.h"
@@ -65,10 +66,12 @@ std::string invalid_ranks(const std::vector<int>& ranks, int size) {
   return "";
 }
 
-// Connects this rank's communicator and worker for `g` (a member).
-void connect(World& w, Group& g) {
+// Connects this rank's communicator and worker for `g` (a member), under
+// the store prefix `prefix`, as `config` says.
+void connect(
+    World& w, Group& g, const std::string& prefix, const CommConfig& config) {
   CommGroup group;
-  group.prefix = w.group.prefix + "set/" + std::to_string(g.id) + "/";
+  group.prefix = prefix;
   group.rank = g.rank;
   group.size = g.size;
   if (!w.group.hosts.empty()) {
@@ -76,7 +79,7 @@ void connect(World& w, Group& g) {
       group.hosts.push_back(w.group.hosts[r]);
   }
   try {
-    g.comm = make_communicator(w.config, group);
+    g.comm = make_communicator(config, group);
   } catch (const BackendFailure& e) {
     throw CommError(
         CommError::Kind::Rendezvous,
@@ -90,7 +93,89 @@ void connect(World& w, Group& g) {
   g.worker = std::make_unique<CommWorker>(*g.comm, w.blocking_wait);
 }
 
+// Numbers the set, registers it as an added set and connects it where this
+// rank is a member, under the store prefix `prefix` (`%` there becomes the
+// id); a failure leaves it unregistered.
+void register_and_connect(
+    World& w,
+    const ProcessSet& set,
+    std::string prefix,
+    const CommConfig& config) {
+  Group& g = *set.group();
+  {
+    std::lock_guard<std::mutex> lock(w.sets_mutex);
+    g.id = w.next_set_id++;
+    w.sets[g.id] = set.group();
+  }
+  if (auto at = prefix.find('%'); at != std::string::npos)
+    prefix.replace(at, 1, std::to_string(g.id));
+  g.epoch = w.epoch;
+  g.size = static_cast<int>(g.ranks.size());
+  auto it = std::find(g.ranks.begin(), g.ranks.end(), w.rank);
+  g.rank = it == g.ranks.end() ? -1 : static_cast<int>(it - g.ranks.begin());
+  g.verified_calls.clear();
+  if (g.rank < 0)
+    return;
+  try {
+    connect(w, g, prefix, config);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(w.sets_mutex);
+    w.sets.erase(g.id);
+    g.id = -1;
+    throw;
+  }
+}
+
 }  // namespace
+
+ProcessSet add_member_set(const std::vector<int>& ranks, const std::string& key) {
+  World& w = world("add_member_set");
+  ProcessSet set(ranks);
+  const Group& g = *set.group();
+  const std::string invalid = invalid_ranks(g.ranks, w.size);
+  TORCH_CHECK(
+      invalid.empty(),
+      "ronde: process group '", key, "' ", rank_list(g.ranks), ": ", invalid);
+  TORCH_CHECK(
+      std::binary_search(g.ranks.begin(), g.ranks.end(), w.rank),
+      "ronde: process group '", key, "' ", rank_list(g.ranks),
+      " created on rank ", w.rank, ", which is not in it");
+  // A key has no '%': torch's group names are digits, or hashes in hex.
+  TORCH_CHECK(
+      key.find('%') == std::string::npos && key.find('/') == std::string::npos,
+      "ronde: process group name '", key, "' has '%' or '/'");
+  int use = 0;
+  {
+    std::lock_guard<std::mutex> lock(w.sets_mutex);
+    use = w.member_set_keys[key]++;
+  }
+  // A connection of its own to the store: members connect sets on
+  // threads of their own (c10d/p2p.h), and a store client serves one
+  // blocking wait at a time.
+  CommConfig config = w.config;
+  if (config.store)
+    config.store = config.store->clone();
+  register_and_connect(
+      w,
+      set,
+      w.group.prefix + "group/" + key + "." + std::to_string(use) + "/",
+      config);
+  return set;
+}
+
+void drop_member_set(const ProcessSet& set) {
+  if (set.is_global() || !is_initialized())
+    return;
+  World& w = world("drop_member_set");
+  Group& g = *set.group();
+  if (g.id <= 0 || g.epoch != w.epoch)
+    return;
+  g.worker.reset();
+  g.comm.reset();
+  std::lock_guard<std::mutex> lock(w.sets_mutex);
+  w.sets.erase(g.id);
+  g.id = -1;
+}
 
 void stop_added_sets(World& w) {
   std::lock_guard<std::mutex> lock(w.sets_mutex);
@@ -194,26 +279,8 @@ ProcessSet add_process_set(const ProcessSet& set) {
   if (!invalid.empty())
     mine = "!" + mine + " (" + invalid + ")";
   detail::agree_on_request("add_process_set", mine);
-  {
-    std::lock_guard<std::mutex> lock(w.sets_mutex);
-    g.id = w.next_set_id++;
-    w.sets[g.id] = set.group();
-  }
-  g.epoch = w.epoch;
-  g.size = static_cast<int>(g.ranks.size());
-  auto it = std::find(g.ranks.begin(), g.ranks.end(), w.rank);
-  g.rank = it == g.ranks.end() ? -1 : static_cast<int>(it - g.ranks.begin());
-  g.verified_calls.clear();
-  if (g.rank >= 0) {
-    try {
-      detail::connect(w, g);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(w.sets_mutex);
-      w.sets.erase(g.id);
-      g.id = -1;
-      throw;
-    }
-  }
+  // Ids count alike on every rank: every rank creates every added set.
+  detail::register_and_connect(w, set, w.group.prefix + "set/%/", w.config);
   return set;
 }
 

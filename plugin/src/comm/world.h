@@ -67,6 +67,9 @@ struct World {
   std::mutex sets_mutex;
   std::map<int, std::shared_ptr<Group>> sets;  // guarded; the added ones
   int next_set_id = 1;                         // guarded
+  // How many member sets were made under each key (add_member_set):
+  // the members count alike, so a key used again gets keys of its own.
+  std::map<std::string, int> member_set_keys;  // guarded
 
   ~World();
 };
@@ -89,6 +92,18 @@ std::unique_ptr<World> remove_world();
 // and marks them removed (after it).
 void stop_added_sets(World& w);
 void close_added_sets(World& w);
+// A set that only its members create, among themselves: a
+// torch.distributed subgroup, whose backend torch creates on its members
+// alone. `key` names it in the store: every member passes the same, and no
+// other set of the job has it. Registered as an added set (shutdown()
+// closes it), with an id of this process's own, which other ranks may
+// number otherwise. Throws CommError of kind Rendezvous when the members do
+// not all come within the timeout, and c10::Error for bad ranks or a rank
+// outside them.
+ProcessSet add_member_set(const std::vector<int>& ranks, const std::string& key);
+// Drops a member set here without meeting the other members: what is queued
+// on it runs first. Nothing for a set already gone.
+void drop_member_set(const ProcessSet& set);
 // An elastic change of world: interrupts every set's communicator (the
 // global one too), so that whatever is queued or blocked on a dead peer
 // fails at once and the workers can be stopped without waiting.

@@ -6,7 +6,7 @@
 // the rest (docs/sharding.md).
 #include "engine/gradient_engine.h"
 
-#include "comm/allgather_into.h"
+#include "comm/collective_calls.h"
 
 #include "engine/pack.h"
 #include "runtime/span.h"

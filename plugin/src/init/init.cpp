@@ -261,8 +261,14 @@ void ignore_sigpipe() {
 
 }  // namespace
 
-// init() under its lock, without the process sets.
-void init_locked(const InitOptions& options);
+// init() under its lock, without the process sets. `given`: where this
+// process sits, instead of the launcher's environment; `store`: the store to
+// meet the other ranks in, instead of one init() connects to (both from a
+// torch.distributed process group: attach_to_store()).
+void init_locked(
+    const InitOptions& options,
+    const LaunchInfo* given = nullptr,
+    c10::intrusive_ptr<c10d::Store> store = {});
 
 }  // namespace detail
 
@@ -285,10 +291,14 @@ void init(const InitOptions& options) {
 }
 
 namespace detail {
-void init_locked(const InitOptions& options) {
+void init_locked(
+    const InitOptions& options,
+    const LaunchInfo* given,
+    c10::intrusive_ptr<c10d::Store> store) {
   const Settings settings = read_settings(process_env());
   auto rt = std::make_unique<Runtime>();
-  rt->info = parse_launch_env(process_env());
+  rt->info = given != nullptr ? *given : parse_launch_env(process_env());
+  rt->connection = std::move(store);
   rt->options = options;
   rt->member = rt->info.rank;
   if (rt->info.join_member >= 0) {
@@ -310,6 +320,51 @@ void init_locked(const InitOptions& options) {
   if (!settings.timeline.empty())
     start_timeline(settings.timeline);
 }
+bool attach_to_store(
+    c10::intrusive_ptr<c10d::Store> store,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const std::string& addr,
+    int port) {
+  std::lock_guard<std::mutex> lock(g_init_mutex);
+  if (g_runtime != nullptr) {
+    const LaunchInfo& info = g_runtime->info;
+    TORCH_CHECK(
+        info.rank == rank && info.size == size,
+        "ronde: a ronde process group of ", size, " ranks, as rank ", rank,
+        ", cannot join ronde's world, initialised with ", info.size,
+        " ranks as rank ", info.rank, " (ronde.init() came first, with "
+        "another launcher's values): give both the same ranks, or call "
+        "ronde.shutdown() first");
+    return false;
+  }
+  TORCH_CHECK(
+      size >= 1 && rank >= 0 && rank < size,
+      "ronde: a ronde process group needs 0 <= rank < size, got rank ", rank,
+      " of ", size);
+  TORCH_CHECK(
+      timeout.count() > 0,
+      "ronde: a ronde process group needs a positive timeout, got ",
+      timeout.count(), " ms");
+  LaunchInfo info;
+  try {
+    // The job id (and secret) a launcher gave, when it gave any.
+    info.job_id = parse_launch_env(process_env()).job_id;
+  } catch (const std::exception&) {
+  }
+  info.rank = rank;
+  info.size = size;
+  info.local_size = 1;
+  info.addr = addr;
+  info.port = port;
+  info.source = "none";  // where it sits comes from the host identities
+  InitOptions options;
+  options.timeout_seconds(static_cast<double>(timeout.count()) / 1000.0);
+  init_locked(options, &info, size > 1 ? std::move(store) : nullptr);
+  return true;
+}
+
 }  // namespace detail
 
 void shutdown() {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace c10d {
@@ -66,6 +67,20 @@ void bring_up(Runtime& rt, const Settings& settings, std::unique_ptr<World> w);
 std::string job_secret_file(const Runtime& rt, const Settings& settings);
 // A barrier of the world's global set, waited on; throws what it throws.
 void barrier(World& w, const char* what);
+// A torch.distributed process group joins ronde's world through it
+// (plugin/src/c10d/). When ronde is not initialised, initialises it as
+// init() would, but as `rank` of `size` meeting the others in `store` (the
+// group's), with `timeout` for the rendezvous and every collective, and
+// `addr`:`port` as the rendezvous address (empty when the store has none):
+// returns true. When it is, checks that its world is this one (same rank and
+// size; c10::Error else) and returns false.
+bool attach_to_store(
+    c10::intrusive_ptr<c10d::Store> store,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    const std::string& addr,
+    int port);
 // The stores go, and the settings and the timeline with them: what is
 // left of a Runtime once its World is gone.
 void release(Runtime& rt);

@@ -260,3 +260,9 @@ from ._horovod import (  # noqa: E402,F401
 )
 from ._sync_batch_norm import SyncBatchNorm  # noqa: E402,F401
 from . import elastic  # noqa: E402,F401  (hvd.elastic.run, TorchState, ...)
+
+# torch.distributed's "ronde" backend (docs/c10d_backend.md), registered on
+# import so that init_process_group("ronde") works after `import ronde.torch`.
+if _torch.distributed.is_available():
+    from ._c10d import register_c10d_backend  # noqa: E402,F401
+    register_c10d_backend()

@@ -1,0 +1,48 @@
+// The collectives as ronde's own adapters call them: with the choice, per
+// call, between queueing the job on the set's worker (blocking false, as
+// the _async forms) and letting it run on the caller's thread when nothing
+// is queued (blocking true, as the blocking forms; the caller then waits at
+// once). The c10d backend learns per call whether torch will wait at once.
+// Each returns the Handle the public forms return or wait on.
+#pragma once
+
+#include <ronde/collectives.h>
+
+namespace ronde::detail {
+
+Handle allreduce_call(
+    const at::Tensor& tensor,
+    const AllreduceOptions& options,
+    bool in_place,
+    bool blocking);
+Handle broadcast_call(
+    const at::Tensor& tensor,
+    int root_rank,
+    const CollectiveOptions& options,
+    bool in_place,
+    bool blocking);
+// With `into`: an allgather into a buffer the caller keeps (the sharded
+// engine's pool of gather buffers, the c10d backend's output tensors): the
+// result is `into`'s first elements, shaped as allgather's, when `into` is
+// contiguous, large enough and of the input's type and device; a new
+// tensor otherwise. Handle::result() returns it either way.
+Handle allgather_call(
+    const at::Tensor& tensor,
+    const CollectiveOptions& options,
+    bool blocking,
+    const at::Tensor& into = at::Tensor());
+Handle alltoall_call(
+    const at::Tensor& tensor, const AlltoallOptions& options, bool blocking);
+Handle reducescatter_call(
+    const at::Tensor& tensor,
+    const ReducescatterOptions& options,
+    bool blocking);
+Handle barrier_call(const ProcessSet& process_set, bool blocking);
+
+// allgather_call(tensor, options, false, into).
+Handle allgather_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& into,
+    const CollectiveOptions& options = {});
+
+}  // namespace ronde::detail

@@ -1,0 +1,63 @@
+"""ronde as a torch.distributed backend (backend="ronde"): every operation
+against local references at 2, 3 and 4 ranks; DDP, ZeroRedundancyOptimizer
+and FSDP equal to the same on gloo; clear errors for mismatches and a dead
+peer; the process group beside ronde's DistributedOptimizer."""
+import pytest
+import torch
+
+from conftest import C10D_WORKER
+
+
+def run(ranks, scenario, *args, np=2, **kw):
+    return ranks.run(scenario, *args, np=np, launcher="torchrun",
+                     worker=C10D_WORKER, **kw)
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_every_operation_against_a_local_reference(ranks, np):
+    run(ranks, "ops", np=np)
+    for r in range(np):
+        assert ranks.load("ops_ok", r) is True
+
+
+def test_ddp_zero_and_fsdp_equal_gloo(ranks):
+    run(ranks, "ddp", timeout=400)
+    got = ranks.load("ddp", 0)
+    other = ranks.load("ddp", 1)
+    for name, runs in got.items():
+        for a, b in zip(runs["ronde"], runs["gloo"]):
+            assert torch.equal(a, b), f"{name}: ronde differs from gloo"
+        for a, b in zip(runs["ronde"], other[name]["ronde"]):
+            assert torch.equal(a, b), f"{name}: the ranks differ"
+        if "reference" in runs:
+            for a, b in zip(runs["ronde"], runs["reference"]):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert {"plain", "unused", "static", "no_sync", "fp16_hook", "powersgd",
+            "join", "zero", "fsdp"} <= set(got)
+
+
+def test_mismatches_fail_on_every_rank_and_the_group_goes_on(ranks):
+    run(ranks, "errors")
+    for r in range(2):
+        shape, dtype, gather, after = ranks.load("errors", r)
+        assert "ranks disagree" in shape, shape
+        assert "Float[4]" in shape and "Float[5]" in shape, shape
+        assert "ranks disagree" in dtype, dtype
+        assert "Float[4]" in dtype and "Double[4]" in dtype, dtype
+        assert "ranks disagree" in gather, gather
+        assert after == [2.0, 2.0, 2.0]
+
+
+def test_a_dead_peer_fails_the_others_within_the_timeout(ranks):
+    run(ranks, "peer_dies", "timeout=8", np=3, check=False, timeout=120)
+    for r in range(2):
+        got = ranks.load("peer_dies", r)
+        assert "rank 2" in got["message"], got["message"]
+        assert got["seconds"] < 30, got
+
+
+@pytest.mark.parametrize("order", ["c10d_first", "ronde_first"])
+def test_process_group_beside_distributed_optimizer(ranks, order):
+    run(ranks, "mixed", f"order={order}")
+    for r in range(2):
+        assert ranks.load(f"mixed_{order}", r) is True
