@@ -71,7 +71,7 @@ RONDE_SCENARIO(c10d_process_group) {
     o.group_name = "pair";
     auto sub = c10::make_intrusive<ronde::c10d::Backend>(o);
     std::vector<at::Tensor> s{torch::full({2}, float(rank + 5))};
-    sub->allreduce(s)->wait();
+    sub->allreduce(s, ::c10d::AllreduceOptions())->wait();
     CHECK_W(torch::equal(s[0], torch::full({2}, 11.0f)), s[0]);
     CHECK_W(sub->process_set().size() == 2, "the pair's set");
   }
