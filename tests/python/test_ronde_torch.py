@@ -434,8 +434,11 @@ def test_a_horovod_elastic_script_survives_a_lost_rank(ranks):
 def test_a_replacement_joins_the_horovod_elastic_script(ranks):
     # Launch rank 2 of 3 dies at step 5; ronderun starts a replacement,
     # which joins at a later commit and takes rank 0's state.
+    # The steps are slowed so that the replacement (a fresh Python that
+    # imports torch) is up and admitted well before training ends, also
+    # on a loaded machine.
     p = ranks.run("elastic_horovod", "kill_rank=2", "kill_step=5",
-                  "step_sleep=0.3", np=3,
+                  "step_sleep=0.6", np=3,
                   launcher_args=("--min-np", "2", "--restart-failed"))
     assert "starting a replacement for rank 2" in p.stderr + p.stdout
     res = ranks.load("elastic", 0)

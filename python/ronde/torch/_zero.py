@@ -274,8 +274,11 @@ def ZeroRedundancyOptimizer(params, optimizer_class, process_group=None,
     ronde: ``optimizer_class(params, **defaults)`` wrapped in a
     DistributedOptimizer that shards its state (stage 1). ronde's engine
     averages the gradients itself; under DDP they are averaged a second
-    time (the same values: harmless, but the extra communication can be
-    saved by dropping DDP). ``process_group``: None (the whole job) or a
+    time (the same values, but the extra communication can be saved by
+    dropping DDP). The gradients are copied into ronde's buckets rather
+    than viewed there (``gradient_as_bucket_view=False``): DDP writes its
+    averages into ``.grad`` at the end of backward, which would otherwise
+    land in buckets that ronde's reduce-scatter is still reading. ``process_group``: None (the whole job) or a
     ronde ProcessSet; ``parameters_as_bucket_view`` and
     ``overlap_with_ddp`` are accepted and ignored (ronde's buckets are
     its own, and its reduce-scatter already overlaps backward)."""
@@ -293,4 +296,5 @@ def ZeroRedundancyOptimizer(params, optimizer_class, process_group=None,
         process_set = None
     optimizer = optimizer_class(params, **defaults)
     return DistributedOptimizer(optimizer, shard_optimizer_state=True,
-                                process_set=process_set)
+                                process_set=process_set,
+                                gradient_as_bucket_view=False)
