@@ -207,11 +207,17 @@ Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
     busy_ = true;
   }
   execute(job, *state, what);
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;
+    wake = !queue_.empty() || stopping_;
   }
-  cv_.notify_all();
+  // The idle worker needs waking only for what came meanwhile: a needless
+  // wake-up costs a context switch per call, and on a host with as many
+  // ranks as cores the woken thread preempts a rank in its collective.
+  if (wake)
+    cv_.notify_all();
   return Handle(state);
 }
 
@@ -276,11 +282,8 @@ void CommWorker::loop() {
       busy_ = true;
     }
     execute(item.job, *item.state, item.what);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_ = false;
-    }
-    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;  // only this thread waits on cv_: nobody to wake
   }
 }
 
