@@ -12,7 +12,12 @@ Every round runs, for each rank count and collective in turn: `ronde`
 on one host), `ronde-gloo` (the same binary with RONDE_SHM=0: Gloo over
 TCP) and `torch` (torch_allreduce_bench.py); and once per round
 `allreduce_bench --memcpy`, one thread's memcpy at the same sizes, the
-ceiling of a copy through shared memory.
+ceiling of a copy through shared memory. When `mpirun` and `mpicc` are
+present (Debian's openmpi-bin and libopenmpi-dev; `scripts/dev.sh bench`
+installs them), `mpi` joins every round too: mpi_allreduce_bench.c, built
+here, under mpirun with Open MPI's defaults (its shared memory on one
+host; it binds each rank to a core, ronderun does not). --no-mpi leaves
+it out.
 
 --baseline-build DIR adds one more program to every round: ronde as built
 in DIR (another checkout, before a change), so that a change is measured
@@ -33,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("allreduce", "broadcast", "allgather", "reducescatter")
 # Summary and JSON key stem of each program.
 KEYS = {"ronde": "ronde", "ronde-gloo": "ronde_gloo", "torch": "torch",
-        "baseline": "baseline"}
+        "baseline": "baseline", "mpi": "mpi"}
 
 
 def run(cmd, env):
@@ -99,11 +104,14 @@ def summarize(runs, memcpy_runs, impls):
                    spread_torch=spread("torch", i))
         if "baseline" in impls:
             row["vs_baseline"] = div(bw["ronde"][i], bw["baseline"][i])
+        if "mpi" in impls:
+            row["vs_mpi"] = div(bw["ronde"][i], bw["mpi"][i])
+            row["mpi_time_us"] = per_size(runs["mpi"], "time_us")[i]
         rows.append(row)
     return rows
 
 
-def print_table(np_, op, rounds, rows, baseline, torch_note):
+def print_table(np_, op, rounds, rows, baseline, torch_note, mpi):
     def f(x, spec, width):
         return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
 
@@ -113,7 +121,8 @@ def print_table(np_, op, rounds, rows, baseline, torch_note):
     print(f"{'bytes':>11} {'ronde':>8} {'ronde-gloo':>10} {'torch':>8} "
           f"{'memcpy':>8} {'ratio':>6} {'vs_gloo':>7} {'of_mcpy':>7} "
           f"{'time_us':>9} {'spread_r':>8} {'spread_t':>8} {'check_cost':>10}"
-          + (f" {'baseline':>8} {'vs_base':>7}" if baseline else ""))
+          + (f" {'baseline':>8} {'vs_base':>7}" if baseline else "")
+          + (f" {'mpi':>8} {'mpi_us':>8} {'vs_mpi':>6}" if mpi else ""))
     for x in rows:
         line = (f"{x['bytes']:>11} {f(x['ronde_busbw_GBs'], '.3f', 8)} "
                 f"{f(x['ronde_gloo_busbw_GBs'], '.3f', 10)} "
@@ -125,6 +134,10 @@ def print_table(np_, op, rounds, rows, baseline, torch_note):
         if baseline:
             line += (f" {f(x['baseline_busbw_GBs'], '.3f', 8)} "
                      f"{f(x['vs_baseline'], '.2f', 7)}")
+        if mpi:
+            line += (f" {f(x['mpi_busbw_GBs'], '.3f', 8)} "
+                     f"{f(x['mpi_time_us'], '.1f', 8)} "
+                     f"{f(x['vs_mpi'], '.2f', 6)}")
         print(line)
     sys.stdout.flush()
 
@@ -144,6 +157,7 @@ def plot(path, groups, memcpy_rows):
                 ("ronde", "ronde (shared memory)", "o-C0"),
                 ("ronde_gloo", "ronde, RONDE_SHM=0 (Gloo TCP)", "s-C2"),
                 ("torch", "torch.distributed (gloo)", "^-C1"),
+                ("mpi", "Open MPI (shared memory)", "d-C3"),
                 ("baseline", "ronde, baseline build", "x:C7")):
             med = [x.get(key + "_busbw_GBs") for x in rows]
             if all(v is not None for v in med):
@@ -168,6 +182,29 @@ def plot(path, groups, memcpy_rows):
 EXPECTED_BACKEND = {"ronde": "shm", "ronde-gloo": "gloo"}
 
 
+def build_mpi_bench(tmp):
+    """mpi_allreduce_bench built with mpicc into tmp, or None without MPI."""
+    import shutil
+    if not (shutil.which("mpirun") and shutil.which("mpicc")):
+        return None
+    exe = os.path.join(tmp, "mpi_allreduce_bench")
+    subprocess.run(["mpicc", "-O2", "-o", exe,
+                    os.path.join(ROOT, "benchmarks", "mpi_allreduce_bench.c")],
+                   check=True)
+    return exe
+
+
+def mpirun(np_):
+    """mpirun for np_ ranks on this host, as root too, more ranks than
+    cores allowed."""
+    cmd = ["mpirun", "-np", str(np_)]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if np_ > (os.cpu_count() or 1):
+        cmd.append("--oversubscribe")
+    return cmd
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -184,6 +221,8 @@ def main():
     p.add_argument("-f", default="2")
     p.add_argument("--baseline-build",
                    help="also run ronde from this build, in every round")
+    p.add_argument("--no-mpi", action="store_true",
+                   help="leave Open MPI out even where mpirun is present")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw allreduce busbw against size, one panel per "
                         "rank count")
@@ -229,6 +268,14 @@ def main():
     torch_bench = [sys.executable,
                    os.path.join(ROOT, "benchmarks", "torch_allreduce_bench.py")]
     with tempfile.TemporaryDirectory() as tmp:
+        mpi_bench = None if a.no_mpi else build_mpi_bench(tmp)
+        if mpi_bench:
+            impls.append("mpi")
+            for g in groups:
+                raw[g]["mpi"] = []
+        else:
+            print("no mpirun/mpicc (or --no-mpi): no Open MPI line",
+                  file=sys.stderr)
         for r in range(a.rounds):
             out = os.path.join(tmp, f"memcpy{r}.json")
             print(f"round {r + 1}/{a.rounds}: memcpy", file=sys.stderr)
@@ -243,6 +290,8 @@ def main():
                     launcher, prog = ronderun, [bench]
                     if impl == "torch":
                         prog = torch_bench
+                    elif impl == "mpi":
+                        launcher, prog = None, mpirun(np_) + [mpi_bench]
                     elif impl == "baseline":
                         launcher = os.path.join(a.baseline_build, "bin",
                                                 "ronderun")
@@ -250,8 +299,9 @@ def main():
                                              "allreduce_bench")]
                     print(f"round {r + 1}/{a.rounds}: {np_} ranks, {op}, "
                           f"{impl}", file=sys.stderr)
-                    run([launcher, "-np", str(np_), "--"] + prog + sweep +
-                        op_args + ["--json", out], envs[impl])
+                    head = [launcher, "-np", str(np_), "--"] if launcher else []
+                    run(head + prog + sweep + op_args + ["--json", out],
+                        envs.get(impl, base_env))
                     with open(out) as f:
                         result = json.load(f)
                     # A ronde line that silently ran on another backend
@@ -274,7 +324,8 @@ def main():
         torch_note = runs["torch"][0].get("unsupported")
         rows = summarize(runs, memcpy_raw, impls)
         print_table(np_, op, a.rounds, rows, bool(a.baseline_build),
-                    torch_note and "unsupported, " + torch_note)
+                    torch_note and "unsupported, " + torch_note,
+                    "mpi" in impls)
         group = {"ranks": np_, "op": op, "summary": rows, "raw": runs}
         if torch_note:
             group["torch_unsupported"] = torch_note
