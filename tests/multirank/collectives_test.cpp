@@ -186,6 +186,30 @@ TEST_P(Collectives, SumsAreBitwiseIdenticalOnEveryRank) {
   }
 }
 
+// A repeated all-reduce travels with its check over shared memory (one
+// step for both), with the bits of the unchecked all-reduce; Gloo carries
+// none. The worker counts the calls its timeline marks fused.
+TEST_P(Collectives, RepeatedAllreducesRideWithTheirCheck) {
+  char tmpl[] = "/tmp/ronde_fused_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  JobSpec s = job("fused");
+  s.env["FUSED_TRACE_DIR"] = dir;
+  JobResult r = run_job(s);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  ASSERT_TRUE(r.all_succeeded()) << r.dump();
+  for (const auto& rank : r.ranks) {
+    const auto at = rank.output.find("FUSED_CALLS: ");
+    ASSERT_NE(at, std::string::npos) << r.dump();
+    const int fused = std::atoi(rank.output.c_str() + at + 13);
+    if (on_shm())
+      EXPECT_GT(fused, 0) << r.dump();
+    else
+      EXPECT_EQ(fused, 0) << r.dump();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends,
     Collectives,

@@ -1,10 +1,12 @@
 // Scenarios of the collectives on the whole job: every collective against
 // the reference (collectives), a digest of sums for comparing algorithms
-// across jobs (digest), and calls whose arguments differ between ranks
-// (mismatch).
+// across jobs (digest), calls whose arguments differ between ranks
+// (mismatch), and all-reduces repeated until their check carries them
+// (fused).
 #include <ronde/collectives.h>
 #include <ronde/errors.h>
 #include <ronde/runtime.h>
+#include <ronde/timeline.h>
 
 #include "scenario_registry.h"
 #include "worker_checks.h"
@@ -14,7 +16,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,6 +187,77 @@ RONDE_SCENARIO(mismatch) {
   CHECK_W(
       at::allclose(got, at::full({3}, n * (n + 1) / 2.0)),
       "allreduce after mismatches");
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// Each all-reduce three times under one name, so that from the second call
+// its check may carry it (Communicator::exchange_frames): against the
+// reference and, over shared memory, bitwise against the same inputs
+// reduced unchecked (the backend's own all-reduce). Prints how many calls
+// the timeline saw fused.
+RONDE_SCENARIO(fused) {
+  ronde::init();
+  const int n = ronde::size(), me = ronde::rank();
+  const bool on_shm = ronde::host_backend() == "shm";
+  ronde::start_timeline(
+      std::string(std::getenv("FUSED_TRACE_DIR")) + "/trace.{rank}.json");
+  const std::string trace = ronde::timeline_path();
+  std::vector<at::ScalarType> types = kFloatTypes;
+  types.insert(types.end(), kIntTypes.begin(), kIntTypes.end());
+  int64_t seed = 100;
+  for (auto dtype : types) {
+    for (auto op :
+         {ronde::ReduceOp::Sum, ronde::ReduceOp::Average, ronde::ReduceOp::Min,
+          ronde::ReduceOp::Max, ronde::ReduceOp::Product}) {
+      if (!at::isFloatingType(dtype) && op == ronde::ReduceOp::Average)
+        continue;
+      // Within and beyond what a 4 KiB chunk carries beside a frame.
+      for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{500}, int64_t{3000}}) {
+        for (int i = 0; i < 3; ++i) {
+          ++seed;
+          at::Tensor x = input_for(me, seed, {count}, dtype);
+          auto o = ronde::AllreduceOptions().op(op).name("fused");
+          at::Tensor got = ronde::allreduce(x, o);
+          CHECK_W(
+              close(got, reference_reduce(n, seed, {count}, dtype, op)),
+              "fused ", ronde::to_string(op), " ", dtype, " ", count);
+          // (Over Gloo the unchecked call reduces in another order.)
+          if (on_shm) {
+            at::Tensor plain = ronde::allreduce(x, o.verify(false));
+            CHECK_W(
+                at::equal(got, plain), "fused and unchecked differ: ",
+                ronde::to_string(op), " ", dtype, " ", count);
+          }
+        }
+      }
+    }
+  }
+  // In place, with a postscale (carried) and with a prescale (not).
+  for (double pre : {1.0, 0.5}) {
+    for (int i = 0; i < 3; ++i) {
+      at::Tensor x = at::full({100}, me + 1.0);
+      ronde::allreduce_(
+          x,
+          ronde::AllreduceOptions()
+              .op(ronde::ReduceOp::Sum)
+              .name("scaled")
+              .prescale_factor(pre)
+              .postscale_factor(2.0));
+      CHECK_W(
+          at::equal(x, at::full({100}, pre * n * (n + 1))), "scaled ", pre);
+    }
+  }
+  ronde::stop_timeline();
+  std::ifstream in(trace);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  int fused = 0;
+  for (size_t at = s.find("\"fused\":true"); at != std::string::npos;
+       at = s.find("\"fused\":true", at + 1))
+    ++fused;
+  std::cout << "FUSED_CALLS: " << fused << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }

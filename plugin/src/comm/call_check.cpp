@@ -11,7 +11,9 @@
 // descriptors follow and check_descriptors() throws or passes on every rank
 // alike, which verifies the fingerprint for next time. A mismatch thus
 // still fails on every rank; a call seen before costs one exchange, which
-// carries a small collective's data too.
+// carries a small collective's data too. Where the backend can carry an
+// all-reduce's input beside the frames (shared memory), a call seen before
+// is reduced in that same exchange when every frame settles it.
 #include "comm/call_check.h"
 
 #include "comm/jobs.h"
@@ -53,8 +55,16 @@ size_t payload_capacity(const Communicator& comm) {
   return comm.prefers_inline_payloads() ? inline_capacity(comm.size()) : 0;
 }
 
+// The all-reduce that this call's frame may carry (Call::fused_op), when
+// the backend can carry it beside frames of `frame_bytes`.
+bool fusable(const Communicator& comm, const Call& call, size_t frame_bytes) {
+  return call.fused_op.has_value() && call.payload.defined() &&
+      call.payload.is_contiguous() &&
+      call.payload.nbytes() <= comm.fused_capacity(frame_bytes);
+}
+
 FrameHeader header_of(
-    const Call& call, const VerifiedCalls& verified, size_t cap) {
+    const Call& call, const VerifiedCalls& verified, size_t cap, bool fused) {
   FrameHeader head;
   head.fingerprint = fingerprint(call.desc);
   head.dim0 = call.desc.ndim > 0 ? call.desc.dims[0] : 0;
@@ -64,6 +74,8 @@ FrameHeader header_of(
     head.flags |= kFrameUnverified;
   if (call.kind == OpKind::Join)
     head.flags |= kFrameJoined;
+  if (fused)
+    head.flags |= kFrameFused;
   const at::Tensor& p = call.payload;
   if (p.defined() && p.nbytes() <= cap) {
     head.flags |= kFrameInline;
@@ -90,12 +102,33 @@ Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
   return f;
 }
 
-// Sends this rank's frame and receives every rank's.
+// Whether the frames settle the call and every one carried its rank's
+// all-reduce input. Never throws: the backend asks in the middle of its step.
+bool settled_and_fused(const uint8_t* base, int n, size_t size, size_t cap) {
+  try {
+    const Frames f = read_frames(const_cast<uint8_t*>(base), n, size, cap);
+    if (!f.settled || f.joined_count > 0)
+      return false;
+    for (const FrameHeader& h : f.heads) {
+      if ((h.flags & kFrameFused) == 0)
+        return false;
+    }
+    return true;
+  } catch (...) {
+    return false;  // a bad frame: the exchange after this one says so
+  }
+}
+
+// Sends this rank's frame and receives every rank's; with `fused`, the
+// backend may all-reduce the call's payload in the same exchange (*reduced).
 Frames exchange_frames(
     Communicator& comm,
     const FrameHeader& head,
-    const at::Tensor& payload,
-    size_t cap) {
+    const Call& call,
+    size_t cap,
+    bool fused,
+    bool* reduced) {
+  const at::Tensor& payload = call.payload;
   const int n = comm.size();
   const size_t size = sizeof(FrameHeader) + cap;
   // This thread's buffers, reused: the body reads the payloads before the
@@ -110,7 +143,15 @@ Frames exchange_frames(
       mine_buf.data(), {static_cast<int64_t>(size)}, at::kByte);
   at::Tensor frames = at::from_blob(
       frames_buf.data(), {static_cast<int64_t>(size) * n}, at::kByte);
-  comm.allgather(mine, frames, std::vector<size_t>(n, size));
+  Communicator::FusedAllreduce job;
+  if (fused) {
+    job.work = payload;
+    job.op = *call.fused_op;
+    job.settled = [n, size, cap](const uint8_t* all) {
+      return settled_and_fused(all, n, size, cap);
+    };
+  }
+  *reduced = comm.exchange_frames(mine, frames, fused ? &job : nullptr);
   return read_frames(frames_buf.data(), n, size, cap);
 }
 
@@ -264,13 +305,16 @@ void take_inline_payloads(const Frames& f, Exchanged& ex) {
 
 Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
   const size_t cap = payload_capacity(comm);
-  const FrameHeader head = header_of(call, g.verified_calls, cap);
-  const Frames frames = exchange_frames(comm, head, call.payload, cap);
+  const bool fused = fusable(comm, call, sizeof(FrameHeader) + cap);
+  const FrameHeader head = header_of(call, g.verified_calls, cap, fused);
   Exchanged ex;
+  const Frames frames =
+      exchange_frames(comm, head, call, cap, fused, &ex.reduced);
   if (track_join(g.join, frames, ex))
     return ex;
   agree_on_descriptors(comm, g, call, frames, ex);
-  take_inline_payloads(frames, ex);
+  if (!ex.reduced)
+    take_inline_payloads(frames, ex);
   return ex;
 }
 

@@ -13,7 +13,6 @@
 #include <cstring>
 
 namespace ronde::detail {
-namespace {
 
 BackendOp backend_op(ReduceOp op) {
   switch (op) {
@@ -29,6 +28,8 @@ BackendOp backend_op(ReduceOp op) {
   }
   TORCH_INTERNAL_ASSERT(false, "unknown ReduceOp");
 }
+
+namespace {
 
 // After the sum: the average's division and the postscale.
 void finish_reduction(const at::Tensor& work, int n, ReduceOp op, double post) {
@@ -98,8 +99,9 @@ std::vector<int64_t> shape_with_dim0(const at::Tensor& t, int64_t dim0) {
 
 }  // namespace
 
-// An all-reduce of `work` in place: from the check's frames when they
-// carried every input, else on the backend; scaled and averaged.
+// An all-reduce of `work` in place: done already when the backend carried
+// it with the check's frames; from the frames when they carried every
+// input; else on the backend. Then scaled and averaged.
 void allreduce_work(
     Communicator& comm,
     const Exchanged& ex,
@@ -108,7 +110,10 @@ void allreduce_work(
     ReduceOp op,
     double pre,
     double post) {
-  if (!ex.payloads.empty()) {
+  if (ex.reduced) {
+    // Call::fused_op is set only without a prescale.
+    TORCH_INTERNAL_ASSERT(pre == 1.0, "ronde: a fused all-reduce with a prescale");
+  } else if (!ex.payloads.empty()) {
     reduce_payloads(ex, work, op, pre);
   } else {
     if (pre != 1.0)

@@ -16,6 +16,9 @@
 
 namespace ronde::detail {
 
+// The backend's reduction for `op` (an average is summed, then divided).
+BackendOp backend_op(ReduceOp op);
+
 // An all-reduce of `work` in place: from the check's frames when they
 // carried every input, else on the backend; scaled and averaged (over the
 // ranks not in ronde::join()).

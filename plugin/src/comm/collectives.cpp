@@ -76,8 +76,11 @@ Handle allreduce_impl(
       error);
   at::Tensor work =
       error.empty() ? working_copy(tensor, in_place) : at::Tensor();
-  if (work.defined() && work.is_cpu())
+  if (work.defined() && work.is_cpu()) {
     call.payload = work;
+    if (o.prescale_factor() == 1.0)
+      call.fused_op = backend_op(o.op());
+  }
   return submit(
       std::move(call),
       [=](Communicator& comm,

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -137,6 +138,31 @@ class Communicator {
       const std::vector<int64_t>& counts,
       BackendOp op);
   virtual void barrier() = 0;
+
+  // The call check's frame exchange (comm/call_check.cpp): `mine` to every
+  // rank, every rank's frame (each as large as `mine`) into `frames` in rank
+  // order. `fused`, when set, is this rank's in-place all-reduce, which a
+  // backend may carry in the same exchange (see fused_capacity()): when
+  // fused->settled(frames) holds, it reduced fused->work and returns true.
+  // Every rank sees the same frames, so every rank answers alike. The
+  // default: an all-gather of the frames, never fused.
+  struct FusedAllreduce {
+    at::Tensor work;  // contiguous, on the host
+    BackendOp op;
+    // From the frames alone (never throws): did every rank post its input?
+    std::function<bool(const uint8_t* frames)> settled;
+  };
+  virtual bool exchange_frames(
+      const at::Tensor& mine,
+      const at::Tensor& frames,
+      const FusedAllreduce* fused);
+  // The bytes of an all-reduce that exchange_frames() can carry beside
+  // frames of `frame_bytes`; 0 where it carries none.
+  virtual size_t fused_capacity(size_t frame_bytes) const {
+    (void)frame_bytes;
+    return 0;
+  }
+
   // Closes every connection so that peers blocked on this rank fail now
   // rather than at their timeout. The communicator is unusable afterwards.
   virtual void abort() = 0;

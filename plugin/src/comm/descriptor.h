@@ -91,6 +91,9 @@ constexpr uint32_t kFrameComplaint = 1;   // this rank reports an error
 constexpr uint32_t kFrameUnverified = 2;  // not yet verified in full here
 constexpr uint32_t kFrameInline = 4;      // the payload follows the header
 constexpr uint32_t kFrameJoined = 8;      // a rank in ronde::join()
+// The rank's all-reduce input follows its frame in the same exchange
+// (Communicator::exchange_frames).
+constexpr uint32_t kFrameFused = 16;
 
 // The payload bytes a frame carries in a job of `ranks`: 4 KiB up to 16
 // ranks, then 64 KiB / ranks (at least 512), so that a frame exchange moves

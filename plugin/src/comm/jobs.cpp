@@ -76,7 +76,7 @@ Call make_call(
   Descriptor d = describe(kind, t, name, op, root, via, error);
   at::Tensor anchor =
       error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
-  return Call{kind, &group, name, verify, d, anchor, at::Tensor()};
+  return Call{kind, &group, name, verify, d, anchor, at::Tensor(), std::nullopt};
 }
 
 void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
@@ -183,7 +183,8 @@ Handle submit(
                   ",\"queued_us\":" +
                   std::to_string(span.start_us() - submitted_us) +
                   ",\"verified\":" + (call.verify ? "true" : "false") +
-                  ",\"inline\":" + (ex.payloads.empty() ? "false" : "true"));
+                  ",\"inline\":" + (ex.payloads.empty() ? "false" : "true") +
+                  ",\"fused\":" + (ex.reduced ? "true" : "false"));
         }
       },
       blocking,

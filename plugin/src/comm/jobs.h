@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <cstdint>
 #include <vector>
@@ -34,6 +35,9 @@ struct Call {
   // when every rank's fits, the body gets them all and the collective needs
   // no further exchange. Read when the job starts.
   at::Tensor payload;
+  // An in-place all-reduce of `payload` with this reduction (and no
+  // prescale), which a backend may carry with the check's frames.
+  std::optional<BackendOp> fused_op;
 };
 
 // What the check told the body.
@@ -54,6 +58,9 @@ struct Exchanged {
   // Every rank has joined: the join is over, and this set rank joined last.
   bool all_joined = false;
   int last_joined = -1;
+  // The backend all-reduced the call's payload in the check's own exchange
+  // (Call::fused_op): the body only finishes the reduction.
+  bool reduced = false;
 };
 
 // A call on `t` (undefined for a barrier) by this rank in `group`; `error`

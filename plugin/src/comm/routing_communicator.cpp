@@ -41,6 +41,15 @@ class RoutingCommunicator final : public Communicator {
   bool prefers_inline_payloads() const override {
     return host_->prefers_inline_payloads();  // the check is a host call
   }
+  bool exchange_frames(
+      const at::Tensor& mine,
+      const at::Tensor& frames,
+      const FusedAllreduce* fused) override {
+    return host_->exchange_frames(mine, frames, fused);
+  }
+  size_t fused_capacity(size_t frame_bytes) const override {
+    return host_->fused_capacity(frame_bytes);  // fused work is on the host
+  }
   int rank() const override {
     return host_->rank();
   }

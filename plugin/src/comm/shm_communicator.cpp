@@ -119,6 +119,38 @@ class ShmCommunicator final : public Communicator {
     run([](shm::Transport& t) { t.barrier(); });
   }
 
+  // The frames and, when every rank's frame says so, the all-reduce in the
+  // same step: a small all-reduce costs one step, its check included.
+  bool exchange_frames(
+      const at::Tensor& mine,
+      const at::Tensor& frames,
+      const FusedAllreduce* fused) override {
+    bool reduced = false;
+    run([&](shm::Transport& t) {
+      if (fused == nullptr) {
+        t.exchange_frames(
+            mine.data_ptr(), mine.nbytes(), frames.data_ptr(), nullptr, 0,
+            DType{}, Reduction{}, {});
+        return;
+      }
+      reduced = t.exchange_frames(
+          mine.data_ptr(),
+          mine.nbytes(),
+          frames.data_ptr(),
+          fused->work.data_ptr(),
+          fused->work.numel(),
+          static_cast<DType>(checked_host_dtype(fused->work, "shared-memory")),
+          host_reduction(fused->op),
+          [&](const void* all) {
+            return fused->settled(static_cast<const uint8_t*>(all));
+          });
+    });
+    return reduced;
+  }
+  size_t fused_capacity(size_t frame_bytes) const override {
+    return transport_->fused_capacity(frame_bytes);
+  }
+
   void abort() override {
     transport_->interrupt();
   }

@@ -105,6 +105,28 @@ class Transport {
       const int64_t* recv_bytes);
   void barrier();
 
+  // The call check's frame exchange (comm/call_check.cpp) in one step:
+  // every rank posts its `frame` (frame_bytes, the same on every rank) and,
+  // when `data` is set, the `count` elements of its in-place all-reduce
+  // after it; `frames` receives every rank's frame in rank order. When
+  // `reduce_now(frames)` says that every rank posted its data for the same
+  // call (every rank sees the same frames, so all answer alike), `data`
+  // becomes the reduction of every rank's, in rank order as allreduce()
+  // computes it, and this returns true. The data fits in
+  // fused_capacity(frame_bytes).
+  bool exchange_frames(
+      const void* frame,
+      size_t frame_bytes,
+      void* frames,
+      void* data,
+      size_t count,
+      DType dtype,
+      Reduction op,
+      const std::function<bool(const void* frames)>& reduce_now);
+  // The all-reduce bytes that fit beside a frame of frame_bytes: the rest of
+  // a slot's input area.
+  size_t fused_capacity(size_t frame_bytes) const;
+
   // Marks this rank's segment aborted (peers waiting on it fail at once) and
   // makes every later call fail. Safe from any thread, any number of times.
   void interrupt();
