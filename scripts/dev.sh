@@ -48,6 +48,9 @@ APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev iprout
 # (scripts/fuzz.sh), which the test suite runs for a few seconds each;
 # procps: ps, in a security test.
 APT_TEST_PACKAGES=(clang libclang-rt-14-dev procps)
+# Only for the benchmarks: Open MPI, the peer that run_allreduce.py measures
+# ronde's shared memory against.
+APT_BENCH_PACKAGES=(openmpi-bin libopenmpi-dev)
 
 log() { printf '\033[1m[ronde]\033[0m %s\n' "$*" >&2; }
 
@@ -196,7 +199,7 @@ case "$cmd" in
   build) setup; build ;;
   example) setup_example; build "${EXAMPLE_TARGETS[@]}"; run_example "$@" ;;
   test) setup; build; run_tests "$@" ;;
-  bench) setup; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
+  bench) setup; setup_apt "${APT_BENCH_PACKAGES[@]}"; build; "$VENV/bin/python" "$ROOT/benchmarks/run_all.py" --build "$BUILD" "$@" ;;
   sanitize) setup; sanitize "$@" ;;
   cuda) setup; cuda_check "$@" ;;
   fuzz) setup; "$ROOT/scripts/fuzz.sh" --python "$VENV/bin/python" "$@" ;;
