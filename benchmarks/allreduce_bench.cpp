@@ -8,7 +8,9 @@
 // 2(n-1)/n for allreduce, x 1 for broadcast, x (n-1)/n for allgather and
 // reducescatter, as nccl-tests defines them), with the cross-rank descriptor
 // check on (the default) and off, so the check's cost is measured rather
-// than guessed.
+// than guessed. --handoff times a third form: the async call and its
+// wait, which goes through the communication thread where the blocking
+// call runs on the caller's (queued_us: the cost of the hand-off).
 //
 // --process-set runs the collective on a process set instead of the job:
 // `all` (a set of every rank: its own communicator, the same transport) or
@@ -144,21 +146,30 @@ at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
 ronde::ProcessSet g_set;
 
 // One call of the collective, options built once, outside the timed region.
-std::function<void()> make_call(Op op, const at::Tensor& t, bool verify) {
+// `queued`: the async form and a wait, so that the call goes through the
+// communication thread (a blocking call runs on the caller's thread).
+std::function<void()> make_call(
+    Op op, const at::Tensor& t, bool verify, bool queued = false) {
   switch (op) {
     case Op::Allreduce: {
       auto opts = ronde::AllreduceOptions()
                       .op(ronde::ReduceOp::Sum)
                       .verify(verify)
                       .process_set(g_set);
+      if (queued)
+        return [t, opts] { ronde::allreduce_async_(t, opts).wait(); };
       return [t, opts] { ronde::allreduce_(t, opts); };
     }
     case Op::Broadcast: {
       auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
+      if (queued)
+        return [t, opts] { ronde::broadcast_async_(t, 0, opts).wait(); };
       return [t, opts] { ronde::broadcast_(t, 0, opts); };
     }
     case Op::Allgather: {
       auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
+      if (queued)
+        return [t, opts] { ronde::allgather_async(t, opts).wait(); };
       return [t, opts] { ronde::allgather(t, opts); };
     }
     case Op::Reducescatter: {
@@ -166,6 +177,8 @@ std::function<void()> make_call(Op op, const at::Tensor& t, bool verify) {
                       .op(ronde::ReduceOp::Sum)
                       .verify(verify)
                       .process_set(g_set);
+      if (queued)
+        return [t, opts] { ronde::reducescatter_async(t, opts).wait(); };
       return [t, opts] { ronde::reducescatter(t, opts); };
     }
   }
@@ -198,6 +211,7 @@ struct Sweep {
   double target_seconds = 0.5;  // per size and mode, beyond min_iters
   std::string json_path;
   std::string process_set = "global";  // or "all", "half"
+  bool handoff = false;  // also time the queued (async + wait) form
 };
 
 struct AlignedFree {
@@ -320,13 +334,15 @@ int run_collective(Op op, const Sweep& s) {
         describe(op),
         backend.c_str());
     std::printf(
-        "%12s %10s %10s %10s %10s %10s\n",
+        s.handoff ? "%12s %10s %10s %10s %10s %10s" : "%12s %10s %10s %10s %10s %10s\n",
         "bytes",
         "time_us",
         "algbw_GBs",
         "busbw_GBs",
         "nocheck_us",
         "check_cost");
+    if (s.handoff)
+      std::printf("%10s\n", "queued_us");
   }
   bool first = true;
   for (double b = static_cast<double>(s.begin); b <= s.end; b *= s.factor) {
@@ -346,24 +362,33 @@ int run_collective(Op op, const Sweep& s) {
     iters = static_cast<int>(it.item<int64_t>());
     double with_check = time_collective(checked, s.warmup, iters);
     double without = time_collective(unchecked, s.warmup, iters);
+    const double queued = s.handoff
+        ? time_collective(make_call(op, t, true, true), s.warmup, iters)
+        : 0.0;
     double real_bytes = static_cast<double>(total);
     double algbw = real_bytes / with_check / 1e9;
     double busbw = algbw * factor;
     if (rank == 0) {
       std::printf(
-          "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%%\n",
+          s.handoff ? "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%% "
+                    : "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%%\n",
           real_bytes,
           with_check * 1e6,
           algbw,
           busbw,
           without * 1e6,
           100.0 * (with_check - without) / without);
+      if (s.handoff)
+        std::printf("%10.1f\n", queued * 1e6);
       std::fflush(stdout);
     }
     json << (first ? "" : ",") << "{\"bytes\":" << total
          << ",\"iters\":" << iters << ",\"time_us\":" << with_check * 1e6
          << ",\"algbw_GBs\":" << algbw << ",\"busbw_GBs\":" << busbw
-         << ",\"nocheck_time_us\":" << without * 1e6 << "}";
+         << ",\"nocheck_time_us\":" << without * 1e6;
+    if (s.handoff)
+      json << ",\"queued_time_us\":" << queued * 1e6;
+    json << "}";
     first = false;
   }
   json << "]}";
@@ -406,6 +431,8 @@ int main(int argc, char** argv) {
         memcpy_mode = true;
       else if (a == "--process-set")
         s.process_set = next();
+      else if (a == "--handoff")
+        s.handoff = true;
       else
         throw std::invalid_argument("unknown argument " + a);
     }
@@ -417,7 +444,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n"
               << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
-                 "[-n 5] [--json FILE]\n"
+                 "[-n 5] [--json FILE] [--handoff]\n"
                  "                       [--op allreduce|broadcast|"
                  "allgather|reducescatter | --memcpy]\n"
                  "                       [--process-set global|all|half]\n";
