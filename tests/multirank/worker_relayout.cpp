@@ -156,7 +156,9 @@ RONDE_SCENARIO(autotune) {
   auto options = ronde::DistributedOptimizerOptions()
                      .autotune(true)
                      .autotune_warmup_steps(0)
-                     .autotune_steps_per_trial(1)
+                     // The fewest steps whose times can leave the starting
+                     // sizes (autotune.h: the Mann-Whitney test).
+                     .autotune_steps_per_trial(3)
                      .autotune_clock([&] { return fake_seconds; });
   auto base = std::make_shared<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(0.01));
@@ -166,9 +168,9 @@ RONDE_SCENARIO(autotune) {
       base, model->named_parameters(), options);
   const int64_t b = 2;
   torch::manual_seed(8);
-  torch::Tensor X = torch::randn({30, n * b, 512});
+  torch::Tensor X = torch::randn({50, n * b, 512});
   int steps = 0;
-  for (; steps < 30 && !opt->bucket_sizing().autotuned; ++steps) {
+  for (; steps < 50 && !opt->bucket_sizing().autotuned; ++steps) {
     ref_opt->zero_grad();
     ref->forward(X[steps]).pow(2).mean().backward();
     ref_opt->step();
@@ -180,7 +182,7 @@ RONDE_SCENARIO(autotune) {
   }
   const ronde::BucketSizing chosen = opt->bucket_sizing();
   CHECK_W(chosen.autotuned, "autotune did not finish in ", steps, " steps");
-  CHECK_W(steps <= 16, "autotune took ", steps, " steps");
+  CHECK_W(steps <= 46, "autotune took ", steps, " steps");  // 15 trials of 3
   at::Tensor mine = at::tensor(
       std::vector<double>{
           chosen.fusion_threshold_mb,

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <set>
+#include <vector>
 
 namespace {
 
@@ -75,13 +77,13 @@ TEST(Autotune, KeepsTheStartingSizesUnlessSomethingWasFaster) {
 TEST(Autotune, WarmupStepsAreNotScoredAndMediansResistOutliers) {
   // Each trial's first step (its warm-up) is slow; one step of the 1 MiB
   // trial is an outlier that a mean would let decide.
-  Autotuner t({25, 1}, 2, 1, 3);
+  Autotuner t({25, 1}, 2, 1, 5);
   int step = 0;
   BucketSizes got = search(t, [&](const BucketSizes& s) {
     ++step;
-    if (step % 4 == 1)
+    if (step % 6 == 1)
       return 100.0;  // warm-up
-    if (s.fusion_mb == 1 && step == 7)
+    if (s.fusion_mb == 1 && step == 9)
       return 50.0;
     return s.fusion_mb == 1 ? 1.0 : 2.0;
   });
@@ -89,7 +91,7 @@ TEST(Autotune, WarmupStepsAreNotScoredAndMediansResistOutliers) {
 }
 
 TEST(Autotune, FollowersAdoptTheLeadersDecisions) {
-  Autotuner leader({25, 1}, 8, 0, 2), follower({25, 1}, 8, 0, 2);
+  Autotuner leader({25, 1}, 8, 0, 4), follower({25, 1}, 8, 0, 4);
   for (int step = 0; step < 200 && !leader.done(); ++step) {
     // Opposite local timings: the follower's own would choose otherwise.
     bool a = leader.record(leader.current().fusion_mb);
@@ -103,6 +105,52 @@ TEST(Autotune, FollowersAdoptTheLeadersDecisions) {
   }
   EXPECT_TRUE(follower.done());
   EXPECT_EQ(follower.current().fusion_mb, 0.5);
+}
+
+// Step times of one distribution for every size: the fastest median is
+// noise, and the starting sizes must stay.
+TEST(Autotune, NoiseAloneKeepsTheStartingSizes) {
+  Autotuner t({25, 1}, 98, 1, 5);
+  uint64_t x = 12345;
+  BucketSizes got = search(t, [&](const BucketSizes&) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return 0.2 * (1.0 + 0.2 * static_cast<double>(x >> 11) / 9007199254740992.0);
+  });
+  EXPECT_EQ(got, (BucketSizes{25, 1})) << t.summary();
+  // Another size had the lowest median: only the test kept the start.
+  EXPECT_NE(t.summary().find("within noise"), std::string::npos)
+      << t.summary();
+}
+
+// A size consistently faster, through noise as large as the difference,
+// is taken; the same difference below the minimum gain is not.
+TEST(Autotune, AGainBeyondNoiseIsTakenAndATinyOneIsNot) {
+  for (double gain : {0.10, 0.005}) {
+    Autotuner t({25, 1}, 98, 1, 5);
+    uint64_t x = 777;
+    BucketSizes got = search(t, [&](const BucketSizes& s) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const double noise =
+          0.1 * static_cast<double>(x >> 11) / 9007199254740992.0;
+      return (s.fusion_mb == 8 ? 1.0 - gain : 1.0) + noise;
+    });
+    if (gain > 0.05)
+      EXPECT_EQ(got.fusion_mb, 8) << t.summary();
+    else
+      EXPECT_EQ(got, (BucketSizes{25, 1})) << t.summary();
+  }
+}
+
+TEST(Autotune, MannWhitneyTellsSeparatedFromMixedSamples) {
+  using ronde::detail::p_lower;
+  const std::vector<double> low = {1, 2, 3, 4, 5}, high = {6, 7, 8, 9, 10};
+  EXPECT_LT(p_lower(low, high), 0.01);
+  EXPECT_GT(p_lower(high, low), 0.99);
+  const std::vector<double> odd = {1, 3, 5, 7, 9}, even = {2, 4, 6, 8, 10};
+  EXPECT_GT(p_lower(odd, even), 0.2);
+  EXPECT_EQ(p_lower({}, high), 1.0);
+  // Equal samples: no evidence either way.
+  EXPECT_GT(p_lower({1, 1, 1}, {1, 1, 1}), 0.5);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "engine/autotune.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace ronde::detail {
@@ -15,6 +16,22 @@ double median(std::vector<double> v) {
 }
 
 }  // namespace
+
+double p_lower(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.empty() || b.empty())
+    return 1.0;
+  double u = 0;  // pairs in which a's step was the faster
+  for (double x : a) {
+    for (double y : b)
+      u += x < y ? 1.0 : x == y ? 0.5 : 0.0;
+  }
+  const double n1 = static_cast<double>(a.size());
+  const double n2 = static_cast<double>(b.size());
+  const double mean = n1 * n2 / 2;
+  const double sd = std::sqrt(n1 * n2 * (n1 + n2 + 1) / 12);
+  const double z = (u - mean - 0.5) / sd;
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
 
 Autotuner::Autotuner(BucketSizes start, double total_mb, int warmup, int steps)
     : warmup_(std::max(warmup, 0)), steps_(std::max(steps, 1)), start_(start) {
@@ -46,13 +63,48 @@ bool Autotuner::record(double seconds) {
   return true;
 }
 
-double Autotuner::score(const BucketSizes& sizes) const {
+std::vector<double> Autotuner::steps_of(
+    const BucketSizes& sizes, int from) const {
   std::vector<double> all;
   for (const Trial& t : history_) {
-    if (t.sizes == sizes)
+    if (t.sizes == sizes && t.phase >= from)
       all.insert(all.end(), t.seconds.begin(), t.seconds.end());
   }
-  return median(all);
+  return all;
+}
+
+double Autotuner::score(const BucketSizes& sizes) const {
+  return median(steps_of(sizes));
+}
+
+BucketSizes Autotuner::decide() {
+  const BucketSizes b = best();
+  if (b == start_)
+    return b;
+  // The picked sizes' steps after the pick, against every starting one.
+  const std::vector<double> win = steps_of(b, 3), base = steps_of(start_);
+  if (win.empty() || base.empty()) {
+    verdict_ = "the fastest sizes were not measured beside the starting "
+               "ones: the starting sizes stay";
+    return start_;
+  }
+  const double p = p_lower(win, base);
+  const double gain = 1.0 - median(win) / median(base);
+  char line[200];
+  const bool beyond_noise = p < kAutotuneAlpha && gain >= kAutotuneMinGain;
+  std::snprintf(
+      line,
+      sizeof(line),
+      "bucket %g MiB, first %g MiB: %.1f ms after the pick, against the "
+      "starting sizes' %.1f ms (p = %.2g): %s",
+      b.fusion_mb,
+      b.first_mb,
+      median(win) * 1e3,
+      median(base) * 1e3,
+      p,
+      beyond_noise ? "taken" : "within noise, the starting sizes stay");
+  verdict_ = line;
+  return beyond_noise ? b : start_;
 }
 
 BucketSizes Autotuner::best() const {
@@ -112,12 +164,12 @@ BucketSizes Autotuner::next() {
   }
   if (queue_.empty()) {
     done_ = true;
-    current_ = best();
+    current_ = decide();
     return current_;
   }
   current_ = queue_.front();
   queue_.erase(queue_.begin());
-  history_.push_back({current_, {}});
+  history_.push_back({current_, {}, phase_});
   return current_;
 }
 
@@ -145,6 +197,8 @@ std::string Autotuner::summary() const {
         median(t.seconds) * 1e3);
     out += line;
   }
+  if (!verdict_.empty())
+    out += "; " + verdict_;
   return out;
 }
 

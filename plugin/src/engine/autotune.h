@@ -28,9 +28,21 @@ struct BucketSizes {
 //     the best bucket size of phase 1;
 //  3. the two best sizes so far, measured once more, and the starting
 //     sizes (what the job runs without autotune): each is scored by the
-//     median of all its measured steps, so one noisy trial cannot decide,
-//     and the starting sizes stay unless something measured faster.
-// At most 15 trials; the winner has the lowest score.
+//     median of all its measured steps, so one noisy trial cannot decide.
+// At most 15 trials. The sizes with the lowest score win only when their
+// phase-3 steps, measured after they were picked (so not biased low by the
+// picking), were faster than the starting sizes' beyond noise: a one-sided
+// Mann-Whitney U test (p below kAutotuneAlpha) and a median at least
+// kAutotuneMinGain lower. Otherwise the starting sizes stay.
+constexpr double kAutotuneAlpha = 0.05;
+constexpr double kAutotuneMinGain = 0.01;
+
+// The one-sided Mann-Whitney U test: the probability, were both samples
+// from one distribution, of `a` being below `b` at least as often as it
+// was (normal approximation, continuity-corrected; ties count half). 1
+// when either is empty.
+double p_lower(const std::vector<double>& a, const std::vector<double>& b);
+
 class Autotuner {
  public:
   Autotuner(BucketSizes start, double total_mb, int warmup, int steps);
@@ -63,8 +75,13 @@ class Autotuner {
   struct Trial {
     BucketSizes sizes;
     std::vector<double> seconds;
+    int phase = 1;
   };
   BucketSizes best() const;
+  // best(), when it beat the starting sizes beyond noise; else those.
+  BucketSizes decide();
+  // Every measured step with `sizes` in phase `from` or later.
+  std::vector<double> steps_of(const BucketSizes& sizes, int from = 1) const;
   void queue_phase2();
   void queue_phase3();
 
@@ -77,6 +94,7 @@ class Autotuner {
   int seen_ = 0;  // steps of the current trial so far
   std::vector<Trial> history_;
   bool done_ = false;
+  std::string verdict_;  // why the choice won, once done
 };
 
 }  // namespace ronde::detail
