@@ -11,6 +11,8 @@
 // than guessed. --handoff times a third form: the async call and its
 // wait, which goes through the communication thread where the blocking
 // call runs on the caller's (queued_us: the cost of the hand-off).
+// --loop N times N checked calls made back to back, as a training loop
+// makes them, with no barrier between (loop_us, the mean per call).
 //
 // --process-set runs the collective on a process set instead of the job:
 // `all` (a set of every rank: its own communicator, the same transport) or
@@ -204,6 +206,20 @@ double time_collective(
   return m.item<double>();
 }
 
+// Mean seconds of one call over `calls` made back to back after a barrier,
+// as a training loop makes them, the largest over ranks.
+double time_loop(const std::function<void()>& call, int calls) {
+  for (int i = 0; i < 10; ++i)
+    call();
+  ronde::barrier(g_set);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i)
+    call();
+  at::Tensor m = at::full({1}, seconds_since(t0) / calls, at::kDouble);
+  ronde::allreduce_(m, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
+  return m.item<double>();
+}
+
 struct Sweep {
   int64_t begin = 4 << 10, end = 256 << 20;
   double factor = 2;
@@ -212,6 +228,7 @@ struct Sweep {
   std::string json_path;
   std::string process_set = "global";  // or "all", "half"
   bool handoff = false;  // also time the queued (async + wait) form
+  int loop = 0;  // also time this many calls back to back (mean)
 };
 
 struct AlignedFree {
@@ -334,7 +351,7 @@ int run_collective(Op op, const Sweep& s) {
         describe(op),
         backend.c_str());
     std::printf(
-        s.handoff ? "%12s %10s %10s %10s %10s %10s" : "%12s %10s %10s %10s %10s %10s\n",
+        "%12s %10s %10s %10s %10s %10s",
         "bytes",
         "time_us",
         "algbw_GBs",
@@ -342,7 +359,10 @@ int run_collective(Op op, const Sweep& s) {
         "nocheck_us",
         "check_cost");
     if (s.handoff)
-      std::printf("%10s\n", "queued_us");
+      std::printf(" %10s", "queued_us");
+    if (s.loop > 0)
+      std::printf(" %10s", "loop_us");
+    std::printf("\n");
   }
   bool first = true;
   for (double b = static_cast<double>(s.begin); b <= s.end; b *= s.factor) {
@@ -365,13 +385,13 @@ int run_collective(Op op, const Sweep& s) {
     const double queued = s.handoff
         ? time_collective(make_call(op, t, true, true), s.warmup, iters)
         : 0.0;
+    const double loop = s.loop > 0 ? time_loop(checked, s.loop) : 0.0;
     double real_bytes = static_cast<double>(total);
     double algbw = real_bytes / with_check / 1e9;
     double busbw = algbw * factor;
     if (rank == 0) {
       std::printf(
-          s.handoff ? "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%% "
-                    : "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%%\n",
+          "%12.0f %10.1f %10.3f %10.3f %10.1f %9.1f%%",
           real_bytes,
           with_check * 1e6,
           algbw,
@@ -379,7 +399,10 @@ int run_collective(Op op, const Sweep& s) {
           without * 1e6,
           100.0 * (with_check - without) / without);
       if (s.handoff)
-        std::printf("%10.1f\n", queued * 1e6);
+        std::printf(" %10.1f", queued * 1e6);
+      if (s.loop > 0)
+        std::printf(" %10.2f", loop * 1e6);
+      std::printf("\n");
       std::fflush(stdout);
     }
     json << (first ? "" : ",") << "{\"bytes\":" << total
@@ -388,6 +411,8 @@ int run_collective(Op op, const Sweep& s) {
          << ",\"nocheck_time_us\":" << without * 1e6;
     if (s.handoff)
       json << ",\"queued_time_us\":" << queued * 1e6;
+    if (s.loop > 0)
+      json << ",\"loop_time_us\":" << loop * 1e6;
     json << "}";
     first = false;
   }
@@ -433,6 +458,8 @@ int main(int argc, char** argv) {
         s.process_set = next();
       else if (a == "--handoff")
         s.handoff = true;
+      else if (a == "--loop")
+        s.loop = std::stoi(next());
       else
         throw std::invalid_argument("unknown argument " + a);
     }
@@ -444,7 +471,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n"
               << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
-                 "[-n 5] [--json FILE] [--handoff]\n"
+                 "[-n 5] [--json FILE] [--handoff] [--loop N]\n"
                  "                       [--op allreduce|broadcast|"
                  "allgather|reducescatter | --memcpy]\n"
                  "                       [--process-set global|all|half]\n";

@@ -228,14 +228,21 @@ int main(int argc, char** argv) {
     results.emplace_back(modes[m].first, median(per_round[m]));
   }
   if (rank == 0) {
-    double best = 1e9, per_tensor = 0, floor = 0;
+    double best = 1e9, per_tensor = 0, floor = 0, fallback = 0;
+    std::string best_mode;
+    std::ostringstream default_name;
+    default_name << "buckets_" << ronde::kDefaultFusionThresholdMb << "MB";
     for (auto& [n, t] : results) {
       if (n == "per_tensor")
         per_tensor = t;
       if (n == "backward_only")
         floor = t;
-      if (n != "backward_only" && n != "autotune")
-        best = std::min(best, t);
+      if (n == default_name.str())
+        fallback = t;
+      if (n != "backward_only" && n != "autotune" && t < best) {
+        best = t;
+        best_mode = n;
+      }
     }
     std::printf(
         "# fusion: ResNet-50 gradients (%zu tensors, %.1fM params), %d ranks, "
@@ -269,6 +276,18 @@ int main(int argc, char** argv) {
           tuned.fusion_threshold_mb,
           tuned.first_bucket_mb,
           tuning_steps);
+    }
+    if (fallback > 0) {
+      // The default bucket size against the best of every fixed size and
+      // per-tensor in this run.
+      std::printf(
+          "# the default (%s) is %.3fx the best (%s)\n",
+          default_name.str().c_str(),
+          fallback / best,
+          best_mode.c_str());
+      js << ",\"default_mode\":\"" << default_name.str()
+         << "\",\"best_mode\":\"" << best_mode
+         << "\",\"default_vs_best\":" << fallback / best;
     }
     js << ",\"results\":[";
     bool first = true;
