@@ -78,16 +78,21 @@ double Autotuner::score(const BucketSizes& sizes) const {
 }
 
 BucketSizes Autotuner::decide() {
-  const BucketSizes b = best();
-  if (b == start_)
-    return b;
-  // The picked sizes' steps after the pick, against every starting one.
-  const std::vector<double> win = steps_of(b, 3), base = steps_of(start_);
-  if (win.empty() || base.empty()) {
-    verdict_ = "the fastest sizes were not measured beside the starting "
-               "ones: the starting sizes stay";
-    return start_;
+  // The finalists are the sizes measured again in phase 3; the one with
+  // the lowest score faces the starting sizes.
+  BucketSizes b = start_;
+  double low = -1;
+  for (const Trial& t : history_) {
+    const double s = score(t.sizes);
+    if (t.phase == 3 && !(t.sizes == start_) && s > 0 && (low < 0 || s < low)) {
+      low = s;
+      b = t.sizes;
+    }
   }
+  if (low < 0 || score(start_) <= low)
+    return start_;
+  // The finalist's steps after the pick, against every starting one.
+  const std::vector<double> win = steps_of(b, 3), base = steps_of(start_);
   const double p = p_lower(win, base);
   const double gain = 1.0 - median(win) / median(base);
   char line[200];

@@ -29,11 +29,11 @@ struct BucketSizes {
 //  3. the two best sizes so far, measured once more, and the starting
 //     sizes (what the job runs without autotune): each is scored by the
 //     median of all its measured steps, so one noisy trial cannot decide.
-// At most 15 trials. The sizes with the lowest score win only when their
-// phase-3 steps, measured after they were picked (so not biased low by the
-// picking), were faster than the starting sizes' beyond noise: a one-sided
-// Mann-Whitney U test (p below kAutotuneAlpha) and a median at least
-// kAutotuneMinGain lower. Otherwise the starting sizes stay.
+// At most 15 trials. The phase-3 finalist with the lowest score wins only
+// when its phase-3 steps, measured after it was picked (so not biased low
+// by the picking), were faster than the starting sizes' beyond noise: a
+// one-sided Mann-Whitney U test (p below kAutotuneAlpha) and a median at
+// least kAutotuneMinGain lower. Otherwise the starting sizes stay.
 constexpr double kAutotuneAlpha = 0.05;
 constexpr double kAutotuneMinGain = 0.01;
 
@@ -78,7 +78,8 @@ class Autotuner {
     int phase = 1;
   };
   BucketSizes best() const;
-  // best(), when it beat the starting sizes beyond noise; else those.
+  // The phase-3 finalist with the lowest score, when it beat the starting
+  // sizes beyond noise; else those.
   BucketSizes decide();
   // Every measured step with `sizes` in phase `from` or later.
   std::vector<double> steps_of(const BucketSizes& sizes, int from = 1) const;
