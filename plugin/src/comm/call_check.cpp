@@ -23,6 +23,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace ronde::detail {
@@ -102,22 +103,31 @@ Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
   return f;
 }
 
-// Whether the frames settle the call and every one carried its rank's
-// all-reduce input. Never throws: the backend asks in the middle of its step.
-bool settled_and_fused(const uint8_t* base, int n, size_t size, size_t cap) {
-  try {
-    const Frames f = read_frames(const_cast<uint8_t*>(base), n, size, cap);
-    if (!f.settled || f.joined_count > 0)
+// The frames as read in the middle of the backend's step, where a fused
+// all-reduce asks whether they settle the call; kept for after it.
+struct FusedAsk {
+  int n;
+  size_t size, cap;
+  std::optional<Frames> read;
+
+  // Whether the frames settle the call and every one carried its rank's
+  // all-reduce input. Never throws: a bad frame answers no, and reading
+  // the frames again after the step reports it.
+  bool settled_and_fused(const uint8_t* base) {
+    try {
+      read = read_frames(const_cast<uint8_t*>(base), n, size, cap);
+    } catch (...) {
       return false;
-    for (const FrameHeader& h : f.heads) {
+    }
+    if (!read->settled || read->joined_count > 0)
+      return false;
+    for (const FrameHeader& h : read->heads) {
       if ((h.flags & kFrameFused) == 0)
         return false;
     }
     return true;
-  } catch (...) {
-    return false;  // a bad frame: the exchange after this one says so
   }
-}
+};
 
 // Sends this rank's frame and receives every rank's; with `fused`, the
 // backend may all-reduce the call's payload in the same exchange (*reduced).
@@ -143,15 +153,18 @@ Frames exchange_frames(
       mine_buf.data(), {static_cast<int64_t>(size)}, at::kByte);
   at::Tensor frames = at::from_blob(
       frames_buf.data(), {static_cast<int64_t>(size) * n}, at::kByte);
+  FusedAsk ask{n, size, cap, std::nullopt};
   Communicator::FusedAllreduce job;
   if (fused) {
     job.work = payload;
     job.op = *call.fused_op;
-    job.settled = [n, size, cap](const uint8_t* all) {
-      return settled_and_fused(all, n, size, cap);
+    job.settled = [a = &ask](const uint8_t* all) {
+      return a->settled_and_fused(all);
     };
   }
   *reduced = comm.exchange_frames(mine, frames, fused ? &job : nullptr);
+  if (ask.read)  // the frames the backend's question already read
+    return std::move(*ask.read);
   return read_frames(frames_buf.data(), n, size, cap);
 }
 

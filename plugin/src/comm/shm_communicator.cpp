@@ -125,14 +125,10 @@ class ShmCommunicator final : public Communicator {
       const at::Tensor& mine,
       const at::Tensor& frames,
       const FusedAllreduce* fused) override {
+    if (fused == nullptr)  // the frames alone: an all-gather
+      return Communicator::exchange_frames(mine, frames, nullptr);
     bool reduced = false;
     run([&](shm::Transport& t) {
-      if (fused == nullptr) {
-        t.exchange_frames(
-            mine.data_ptr(), mine.nbytes(), frames.data_ptr(), nullptr, 0,
-            DType{}, Reduction{}, {});
-        return;
-      }
       reduced = t.exchange_frames(
           mine.data_ptr(),
           mine.nbytes(),

@@ -476,8 +476,17 @@ void Transport::alltoallv(
   }
 }
 
+namespace {
+
+// Where an all-reduce's input starts beside a frame: the next cache line.
+size_t after_frame(size_t frame_bytes) {
+  return (frame_bytes + kLine - 1) / kLine * kLine;
+}
+
+}  // namespace
+
 size_t Transport::fused_capacity(size_t frame_bytes) const {
-  const size_t at = (frame_bytes + kLine - 1) / kLine * kLine;
+  const size_t at = after_frame(frame_bytes);
   return chunk_ > at ? chunk_ - at : 0;
 }
 
@@ -490,26 +499,25 @@ bool Transport::exchange_frames(
     DType dtype,
     Reduction op,
     const std::function<bool(const void* frames)>& reduce_now) {
-  const size_t at = (frame_bytes + kLine - 1) / kLine * kLine;
+  const size_t at = after_frame(frame_bytes);
   const size_t esz = dtype_size(dtype);
-  const ReduceNFn reduce = data ? pick_reduce_n(dtype, op) : nullptr;
-  if (data && (reduce == nullptr || esz == 0 ||
-               count * esz > fused_capacity(frame_bytes)))
+  const ReduceNFn reduce = pick_reduce_n(dtype, op);
+  if (reduce == nullptr || esz == 0 || at >= chunk_ ||
+      count * esz > fused_capacity(frame_bytes))
     throw std::invalid_argument(
         "ronde: shared memory cannot carry this all-reduce with the frames");
   const uint64_t g = begin_step();
   const int s = static_cast<int>(g & 1);
   char* mine = area(rank_, s, false);
   std::memcpy(mine, frame, frame_bytes);
-  if (data)
-    std::memcpy(mine + at, data, count * esz);
+  std::memcpy(mine + at, data, count * esz);
   publish(kPosted, g);
   await_all(kPosted, g);
   auto* all = static_cast<char*>(frames);
   for (int r = 0; r < size_; ++r)
     std::memcpy(all + r * frame_bytes, area(r, s, false), frame_bytes);
   // The same frames on every rank: every rank reduces, or none does.
-  const bool reduced = data && reduce_now(frames);
+  const bool reduced = reduce_now(frames);
   if (reduced) {
     for (int r = 0; r < size_; ++r)
       inputs_[r] = area(r, s, false) + at;

@@ -105,10 +105,12 @@ class Transport {
       const int64_t* recv_bytes);
   void barrier();
 
-  // The call check's frame exchange (comm/call_check.cpp) in one step:
-  // every rank posts its `frame` (frame_bytes, the same on every rank) and,
-  // when `data` is set, the `count` elements of its in-place all-reduce
-  // after it; `frames` receives every rank's frame in rank order. When
+  // The call check's frame exchange (comm/call_check.cpp) with this rank's
+  // in-place all-reduce in the same step: every rank posts its `frame`
+  // (frame_bytes, the same on every rank) and, after it, the `count`
+  // elements of `data`; `frames` receives every rank's frame in rank order.
+  // A rank whose call cannot ride posts its frame with allgatherv(), the
+  // same single step with the frame at the same place. When
   // `reduce_now(frames)` says that every rank posted its data for the same
   // call (every rank sees the same frames, so all answer alike), `data`
   // becomes the reduction of every rank's, in rank order as allreduce()
