@@ -80,23 +80,19 @@ double Autotuner::score(const BucketSizes& sizes) const {
 BucketSizes Autotuner::decide() {
   // The finalists are the sizes measured again in phase 3; the one with
   // the lowest score faces the starting sizes.
-  BucketSizes b = start_;
-  double low = -1;
-  for (const Trial& t : history_) {
-    const double s = score(t.sizes);
-    if (t.phase == 3 && !(t.sizes == start_) && s > 0 && (low < 0 || s < low)) {
-      low = s;
-      b = t.sizes;
-    }
-  }
-  if (low < 0 || score(start_) <= low)
+  const std::optional<BucketSizes> finalist = lowest([&](const Trial& t) {
+    return t.phase == 3 && !(t.sizes == start_);
+  });
+  if (!finalist || score(start_) <= score(*finalist))
     return start_;
+  const BucketSizes& b = *finalist;
   // The finalist's steps after the pick, against every starting one.
   const std::vector<double> win = steps_of(b, 3), base = steps_of(start_);
   const double p = p_lower(win, base);
-  const double gain = 1.0 - median(win) / median(base);
+  const double win_ms = median(win) * 1e3, base_ms = median(base) * 1e3;
+  const bool beyond_noise =
+      p < kAutotuneAlpha && 1.0 - win_ms / base_ms >= kAutotuneMinGain;
   char line[200];
-  const bool beyond_noise = p < kAutotuneAlpha && gain >= kAutotuneMinGain;
   std::snprintf(
       line,
       sizeof(line),
@@ -104,18 +100,21 @@ BucketSizes Autotuner::decide() {
       "starting sizes' %.1f ms (p = %.2g): %s",
       b.fusion_mb,
       b.first_mb,
-      median(win) * 1e3,
-      median(base) * 1e3,
+      win_ms,
+      base_ms,
       p,
       beyond_noise ? "taken" : "within noise, the starting sizes stay");
   verdict_ = line;
   return beyond_noise ? b : start_;
 }
 
-BucketSizes Autotuner::best() const {
-  BucketSizes winner = history_.front().sizes;
+std::optional<BucketSizes> Autotuner::lowest(
+    const std::function<bool(const Trial&)>& among) const {
+  std::optional<BucketSizes> winner;
   double low = -1;
   for (const Trial& t : history_) {
+    if (!among(t))
+      continue;
     const double s = score(t.sizes);
     if (s > 0 && (low < 0 || s < low)) {
       low = s;
@@ -123,6 +122,11 @@ BucketSizes Autotuner::best() const {
     }
   }
   return winner;
+}
+
+BucketSizes Autotuner::best() const {
+  return lowest([](const Trial&) { return true; })
+      .value_or(history_.front().sizes);
 }
 
 void Autotuner::queue_phase2() {

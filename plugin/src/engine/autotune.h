@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,10 @@ class Autotuner {
     std::vector<double> seconds;
     int phase = 1;
   };
+  // The sizes of the lowest score among the trials `among` accepts (the
+  // first of them on a tie); none when no such trial has a measured step.
+  std::optional<BucketSizes> lowest(
+      const std::function<bool(const Trial&)>& among) const;
   BucketSizes best() const;
   // The phase-3 finalist with the lowest score, when it beat the starting
   // sizes beyond noise; else those.
