@@ -82,6 +82,7 @@ def summarize(runs, memcpy_runs, impls):
     bw = {impl: per_size(runs[impl], "busbw_GBs") for impl in impls}
     rt = per_size(runs["ronde"], "time_us")
     nc = per_size(runs["ronde"], "nocheck_time_us")
+    mt = per_size(runs["mpi"], "time_us") if "mpi" in impls else None
     # Matched by position in the sweep: allgather's and reducescatter's
     # bytes are rounded to a multiple of the rank count, memcpy's are not.
     mc = per_size(memcpy_runs, "busbw_GBs")
@@ -106,7 +107,7 @@ def summarize(runs, memcpy_runs, impls):
             row["vs_baseline"] = div(bw["ronde"][i], bw["baseline"][i])
         if "mpi" in impls:
             row["vs_mpi"] = div(bw["ronde"][i], bw["mpi"][i])
-            row["mpi_time_us"] = per_size(runs["mpi"], "time_us")[i]
+            row["mpi_time_us"] = mt[i]
         rows.append(row)
     return rows
 

@@ -2,6 +2,7 @@
 // loopback, each checking its results against a reference it computes
 // itself (see worker_collectives.cpp and worker_reference.h).
 #include "harness.h"
+#include "../scratch_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -52,11 +53,7 @@ std::vector<std::string> entries(const std::string& dir) {
 // A directory of its own for a job's shared-memory segments, so that a test
 // can see what the job left there (nothing, whatever happened).
 struct ShmDir {
-  std::string path;
-  ShmDir() {
-    char tmpl[] = "/dev/shm/ronde_test_XXXXXX";
-    path = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
-  }
+  std::string path = ronde::testing::make_scratch_dir("/dev/shm", "ronde_test");
   ~ShmDir() {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
@@ -190,14 +187,11 @@ TEST_P(Collectives, SumsAreBitwiseIdenticalOnEveryRank) {
 // step for both), with the bits of the unchecked all-reduce; Gloo carries
 // none. The worker counts the calls its timeline marks fused.
 TEST_P(Collectives, RepeatedAllreducesRideWithTheirCheck) {
-  char tmpl[] = "/tmp/ronde_fused_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = ronde::testing::make_temp_dir();
   JobSpec s = job("fused");
   s.env["FUSED_TRACE_DIR"] = dir;
   JobResult r = run_job(s);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  ronde::testing::remove_temp_dir(dir);
   ASSERT_TRUE(r.all_succeeded()) << r.dump();
   for (const auto& rank : r.ranks) {
     const auto at = rank.output.find("FUSED_CALLS: ");
