@@ -6,6 +6,7 @@
 #include "comm/shm/shm_transport.h"
 #include "comm/dtype_table.h"
 #include "runtime/rendezvous.h"
+#include "../scratch_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -38,12 +39,7 @@ using ronde::detail::Reduction;
 namespace {
 
 std::string make_dir(const std::string& under) {
-  std::string tmpl = under + "/ronde_test_XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr)
-    return "";
-  return buf.data();
+  return ronde::testing::make_scratch_dir(under, "ronde_test");
 }
 
 std::vector<std::string> entries(const std::string& dir) {
