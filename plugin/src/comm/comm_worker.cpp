@@ -28,6 +28,11 @@ bool poll_device(
   }
 }
 
+// The worker whose job this thread is executing: a collective that job
+// submits to the same worker (a communication hook's) runs at once, inside
+// it, where queueing would wait on itself.
+thread_local const detail::CommWorker* executing = nullptr;
+
 }  // namespace
 
 Handle::Handle(std::shared_ptr<detail::HandleState> state)
@@ -196,6 +201,10 @@ CommWorker::~CommWorker() {
 Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
   auto state = std::make_shared<HandleState>();
   state->blocking_wait = blocking_wait_;
+  if (executing == this) {
+    run_nested(job, *state);
+    return Handle(state);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
@@ -226,6 +235,44 @@ WorkProgress CommWorker::progress() const {
   return progress_;
 }
 
+void CommWorker::run_nested(const Job& job, HandleState& state) {
+  if (broken_) {
+    state.finish(broken_);
+    return;
+  }
+  run_job(job, state);
+}
+
+void CommWorker::run_job(const Job& job, HandleState& state) {
+  std::exception_ptr error;
+  const CommWorker* outer = executing;
+  executing = this;
+  try {
+    job(comm_, state);
+  } catch (const CommError& e) {
+    // A job that failed because a collective it ran inside it did (a
+    // hook's) passes that error on as it is.
+    if (!broken_) {
+      broken_ = std::make_exception_ptr(CommError(
+          CommError::Kind::Broken,
+          e.operation(),
+          e.tensor(),
+          e.rank(),
+          e.suspect_ranks(),
+          e.backend(),
+          std::string("unusable after an earlier failure: ") + e.what()));
+    }
+    error = std::current_exception();
+  } catch (...) {
+    // The caller's mistake (a mismatch, a bad argument): every rank saw the
+    // same verdict, so the communicator stays usable.
+    error = std::current_exception();
+  }
+  // Callbacks run by finish() queue what they submit, as from any thread.
+  executing = outer;
+  state.finish(error);
+}
+
 void CommWorker::execute(
     const Job& job, HandleState& state, const std::string& what) {
   if (broken_) {
@@ -246,24 +293,7 @@ void CommWorker::execute(
       w->progress_.running = false;
     }
   } done{this};
-  try {
-    job(comm_, state);
-    state.finish(nullptr);
-  } catch (const CommError& e) {
-    broken_ = std::make_exception_ptr(CommError(
-        CommError::Kind::Broken,
-        e.operation(),
-        e.tensor(),
-        e.rank(),
-        e.suspect_ranks(),
-        e.backend(),
-        std::string("unusable after an earlier failure: ") + e.what()));
-    state.finish(std::current_exception());
-  } catch (...) {
-    // The caller's mistake (a mismatch, a bad argument): every rank saw the
-    // same verdict, so the communicator stays usable.
-    state.finish(std::current_exception());
-  }
+  run_job(job, state);
 }
 
 void CommWorker::loop() {

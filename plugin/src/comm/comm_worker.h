@@ -69,6 +69,8 @@ class CommWorker {
   // or running runs on the caller's thread instead: a blocking collective
   // then costs no thread hand-off (two wake-ups, which dominate small
   // messages), and the order of execution is still the order of submission.
+  // A job submitted by a job of this worker, on its thread (a
+  // communication hook's collectives), runs at once, inside it.
   // `what` describes the job for the stall inspector ("allreduce 'x'").
   Handle submit(Job job, bool run_inline = false, std::string what = "");
 
@@ -78,6 +80,10 @@ class CommWorker {
  private:
   void loop();
   void execute(const Job& job, HandleState& state, const std::string& what);
+  void run_nested(const Job& job, HandleState& state);
+  // Runs the job and finishes its state, with this worker marked as the
+  // thread's; a peer failure breaks the worker.
+  void run_job(const Job& job, HandleState& state);
 
   Communicator& comm_;  // owned by the World, outlives the worker
   const bool blocking_wait_;

@@ -191,4 +191,18 @@ Handle submit(
       what);
 }
 
+Handle submit_task(
+    const ProcessSet& set, std::function<void()> task, std::string what) {
+  Group& group = group_of(set, "a communication hook");
+  std::shared_ptr<const ProfilerContext> profiler = ProfilerContext::capture();
+  return group.worker->submit(
+      [task = std::move(task), profiler = std::move(profiler)](
+          Communicator&, HandleState&) {
+        ProfilerContext::Scope profiled(profiler.get());
+        task();
+      },
+      false,
+      std::move(what));
+}
+
 }  // namespace ronde::detail

@@ -86,6 +86,13 @@ using Body = std::function<
 Handle submit(
     Call call, Body body, std::vector<at::Tensor> uses, bool blocking);
 
+// Queues `task` on the worker of `set` as a job of its own, in submission
+// order with the set's collectives: those the task submits to the same set
+// run inside it, at once (CommWorker::submit). A communication hook's way
+// onto the communication thread. `what` names it for the stall inspector.
+Handle submit_task(
+    const ProcessSet& set, std::function<void()> task, std::string what);
+
 // A backend failure during `call`: aborts the communicator (so that peers
 // blocked on this rank fail fast too) and throws a CommError naming the
 // collective and the suspect ranks.
