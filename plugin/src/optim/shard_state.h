@@ -53,10 +53,6 @@ void check_elementwise(const torch::optim::Optimizer& optimizer);
 // shard sits, as bytes.
 std::string shard_blob(
     const torch::optim::Optimizer& wrapped, const ShardSpots& spots);
-// Every rank's blob (allgather) or, with root >= 0, root's only (the others
-// get an empty list): a gather to one rank.
-std::vector<std::string> exchange_blobs(
-    const std::string& mine, const ProcessSet& set, int root);
 // The full state from every rank's blobs.
 FullState assemble(const std::vector<std::string>& blobs, const FullGroups& groups);
 
