@@ -138,6 +138,12 @@ class GradientReducer {
   // sizing ends any search still running.
   void set_bucket_sizing(const BucketSizing& sizing);
   const DistributedOptimizerOptions& options() const;
+  // The hook that reduces the buckets (see DistributedOptimizer), and this
+  // rank's state of it as bytes (LibTorch's archive format; empty for a
+  // hook without state) and back: what Python's state_dict() keeps.
+  const std::shared_ptr<CommHook>& comm_hook() const;
+  std::string comm_hook_state() const;
+  void load_comm_hook_state(const std::string& bytes);
 
   // Sharded (shard_optimizer_state or shard_gradients; docs/sharding.md):
   // this rank's pieces of the parameters. `tensor` is what an optimizer

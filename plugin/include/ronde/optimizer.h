@@ -87,8 +87,16 @@ class DistributedOptimizer : public torch::optim::Optimizer,
   // Sharded: gathers every rank's shards of the optimizer state to rank
   // `to` (numbered within the process set), for its save(). Every rank of
   // the set calls it; it holds until the next step. As PyTorch's
-  // ZeroRedundancyOptimizer.consolidate_state_dict.
+  // ZeroRedundancyOptimizer.consolidate_state_dict. With a communication
+  // hook that keeps state (PowerSGD's error buffers, one per rank), it
+  // gathers every rank's too, and save() on `to` writes them all; load()
+  // takes this rank's (or, from a job of another size, starts the hook's
+  // state afresh). Without it, save() writes this rank's own.
   void consolidate_state_dict(int to = 0);
+  // The hook that reduces the buckets (options().comm_hook(), or the one
+  // compression or the default chose): its byte counters say what went on
+  // the wire.
+  const std::shared_ptr<CommHook>& comm_hook() const;
   // Whether this optimizer shards its state (ZeRO stage 1 or 2).
   bool sharded() const;
   // The wrapped optimizer's state entries in bytes (tensors only): what

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ronde/collectives.h>
+#include <ronde/comm_hook.h>
 #include <ronde/process_set.h>
 #include <ronde/schedule.h>
 
@@ -52,7 +53,13 @@ struct DistributedOptimizerOptions {
   // The base LR is remembered: wrapping the same optimizer again, or
   // loading state through this object, never compounds the scaling.
   TORCH_ARG(LrScaling, lr_scaling) = LrScaling::None;
+  // Shorthand for comm_hook(fp16_compress_hook()) or bf16's; sharded, the
+  // reduce-scatter and all-gather travel so.
   TORCH_ARG(Compression, compression) = Compression::None;
+  // What each bucket's reduction is (ronde/comm_hook.h): null, the
+  // all-reduce (or compression's hook). One hook serves one optimizer at a
+  // time; sharded optimizers take the default only.
+  TORCH_ARG(std::shared_ptr<CommHook>, comm_hook) = nullptr;
   // Rebuild the buckets once, at the end of the first step, in the order
   // the gradients became ready during it (rank 0's order, on every rank),
   // as c10d's Reducer does after its first iteration: the first bucket then

@@ -4,6 +4,7 @@
 #include <ronde/amp.h>
 #include <ronde/checkpoint.h>
 #include <ronde/collectives.h>
+#include <ronde/comm_hook.h>
 #include <ronde/data.h>
 #include <ronde/elastic.h>
 #include <ronde/errors.h>

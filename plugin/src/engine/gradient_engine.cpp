@@ -71,13 +71,27 @@ std::shared_ptr<GradientEngine> GradientEngine::create(
       ronde::rank(),
       ", which is not in its process set ",
       options.process_set().id());
+  std::shared_ptr<CommHook> hook = choose_hook(options);
+  const bool sharded =
+      options.shard_optimizer_state() || options.shard_gradients();
+  TORCH_CHECK(
+      !sharded || !options.comm_hook() ||
+          options.comm_hook()->name() == "allreduce",
+      "ronde: DistributedOptimizer on rank ",
+      ronde::rank(),
+      ": a sharded optimizer reduce-scatters its buckets and takes no "
+      "comm_hook (got '",
+      options.comm_hook() ? options.comm_hook()->name() : "",
+      "'); compression works there");
   std::vector<std::string> lines;
   for (size_t i = 0; i < names.size(); ++i)
     lines.push_back(describe_tensor(names[i], params[i]));
+  lines.push_back("comm hook " + hook->describe());
   check_same_everywhere(
       "DistributedOptimizer parameters", lines, options.process_set());
   std::shared_ptr<GradientEngine> engine(new GradientEngine(
-      std::move(names), std::move(params), options, settings()));
+      std::move(names), std::move(params), options, std::move(hook),
+      settings()));
   // Hooks hold a weak pointer: an engine destroyed first leaves them inert,
   // and the destructor removes them anyway.
   for (size_t s = 0; s < engine->layout_.slots.size(); ++s) {
@@ -97,9 +111,11 @@ GradientEngine::GradientEngine(
     std::vector<std::string> names,
     std::vector<at::Tensor> params,
     const DistributedOptimizerOptions& o,
+    std::shared_ptr<CommHook> hook,
     const Settings& settings)
     : options_(o),
       names_(std::move(names)),
+      hook_(std::move(hook)),
       bucket_copy_whole_(settings.bucket_copy_whole),
       sharded_(o.shard_optimizer_state() || o.shard_gradients()),
       shard_gradients_(o.shard_gradients()) {
@@ -299,18 +315,8 @@ void GradientEngine::launch(size_t bi) {
   const ReduceFactors r = reduce_factors();
   profile_.hooks_before_launch.push_back(hooks_);
   profile_.hooks = hooks_;
-  at::Tensor target = b.buffer;
-  if (compressible(b.buffer, options_.compression())) {
-    Span compress("ronde::compress");
-    state.wire = b.buffer.to(wire_dtype(options_.compression()));
-    target = state.wire;
-    if (compress.timing())
-      compress.timeline("compress " + b.name, "pack");
-  } else {
-    state.wire = at::Tensor();
-  }
-  state.handle = allreduce_async_(
-      target,
+  state.handle = launch_hooked(
+      bi,
       AllreduceOptions()
           .op(r.op)
           .prescale_factor(r.pre)
@@ -374,10 +380,7 @@ void GradientEngine::wait_all() {
   auto t0 = std::chrono::steady_clock::now();
   Span span("ronde::wait");
   for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
-    BucketState& state = bucket_state_[bi];
-    state.handle.wait();
-    if (state.wire.defined())
-      layout_.buckets[bi].buffer.copy_(state.wire);
+    bucket_state_[bi].handle.wait();
   }
   profile_.wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
@@ -473,6 +476,7 @@ void GradientEngine::reset_buckets_locked() {
 void GradientEngine::reset_locked() {
   for (auto& s : slot_state_)
     s.passes = 0;
+  hook_states_.clear();
   reset_buckets_locked();
   next_launch_ = 0;
   synchronized_ = false;

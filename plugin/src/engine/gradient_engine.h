@@ -10,12 +10,18 @@
 
 #include "engine/autotune.h"
 #include "engine/bucket_layout.h"
+#include "engine/comm_hooks.h"
 #include "engine/sharding.h"
 #include "runtime/settings.h"
 
 #include <ronde/gradient_reducer.h>
 
 #include <torch/csrc/autograd/function.h>
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
 
 #include <functional>
 #include <memory>
@@ -80,6 +86,17 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       bool synchronize);
 
   std::vector<at::Tensor> gradient_buffers() const;
+  const std::shared_ptr<CommHook>& comm_hook() const {
+    return hook_.hook();
+  }
+  // The hook's state (comm_hooks.cpp). consolidate_hook_state() gathers
+  // every rank's to set rank `to` (a collective of the set), where
+  // save_hook_state() then writes them all until the next step; else it
+  // writes this rank's. load_hook_state() takes this rank's, or resets the
+  // hook when the archive holds none for it (another world size).
+  void consolidate_hook_state(int to);
+  void save_hook_state(torch::serialize::OutputArchive& archive) const;
+  void load_hook_state(torch::serialize::InputArchive& archive);
 
   // ZeRO (shard_optimizer_state / shard_gradients; engine/sharding.h).
   bool sharded() const {
@@ -115,6 +132,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
       std::vector<std::string> names,
       std::vector<at::Tensor> params,
       const DistributedOptimizerOptions& options,
+      std::shared_ptr<CommHook> hook,
       const Settings& settings);
 
   // A parameter's progress in this step, and its hook.
@@ -128,7 +146,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     size_t pending = 0;  // parameters not yet ready
     bool launched = false;
     Handle handle;
-    at::Tensor wire;  // the 16-bit copy sent when compressing
+    at::Tensor wire;  // sharded: the 16-bit copy sent when compressing
     at::Tensor owned;  // sharded: this rank's averaged range, once waited
   };
 
@@ -162,6 +180,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   void relayout_locked(const std::vector<size_t>& order);
   std::vector<size_t> current_order_locked() const;
 
+  // Builds the bucket's CommBucket and runs the hook on it (comm_hooks.cpp).
+  Handle launch_hooked(size_t bucket, const AllreduceOptions& options);
+
   // The sharded path (sharded_step.cpp), each under mutex_.
   struct ReduceFactors {
     ReduceOp op;
@@ -177,6 +198,10 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
 
   const DistributedOptimizerOptions options_;
   const std::vector<std::string> names_;
+  // The bucket's reduction (unsharded; sharded engines keep the default).
+  HookClaim hook_;
+  // consolidate_hook_state()'s gather, on its rank, until the next step.
+  std::vector<std::string> hook_states_;
   // RONDE_BUCKET_COPY, from the settings init() read.
   const std::optional<bool> bucket_copy_whole_;
   mutable std::mutex mutex_;  // guards everything below against the hooks

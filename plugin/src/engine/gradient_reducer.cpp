@@ -2,9 +2,12 @@
 // checks and lookups shared with DistributedOptimizer.
 #include <ronde/gradient_reducer.h>
 
+#include "engine/blobs.h"
 #include "engine/gradient_engine.h"
 
 #include <ronde/runtime.h>
+
+#include <torch/serialize/archive.h>
 
 #include <unordered_set>
 
@@ -136,6 +139,25 @@ void GradientReducer::set_bucket_sizing(const BucketSizing& sizing) {
 
 const DistributedOptimizerOptions& GradientReducer::options() const {
   return engine_->options();
+}
+
+const std::shared_ptr<CommHook>& GradientReducer::comm_hook() const {
+  return engine_->comm_hook();
+}
+
+std::string GradientReducer::comm_hook_state() const {
+  if (!engine_->comm_hook()->stateful())
+    return "";
+  torch::serialize::OutputArchive out;
+  engine_->save_hook_state(out);
+  return detail::bytes_of(out);
+}
+
+void GradientReducer::load_comm_hook_state(const std::string& bytes) {
+  torch::serialize::InputArchive in;
+  if (!bytes.empty())
+    detail::load_bytes(in, bytes);
+  engine_->load_hook_state(in);
 }
 
 std::vector<GradientReducer::Shard> GradientReducer::shards() const {

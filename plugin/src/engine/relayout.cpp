@@ -188,6 +188,9 @@ void GradientEngine::adapt_to_world() {
   std::lock_guard<std::mutex> lock(mutex_);
   reset_locked();
   verified_ = false;
+  // The hook's state belongs to the old world (a rank that joined has
+  // none): every rank starts it afresh.
+  hook_.hook()->reset();
   // [steps, bucket MiB, first bucket MiB, autotuned, order...], rank 0's.
   std::vector<double> msg = {
       static_cast<double>(steps_), sizes_.fusion_mb, sizes_.first_mb,

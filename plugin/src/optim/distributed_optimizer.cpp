@@ -3,6 +3,7 @@
 // engine (engine/) that averages gradients before each step.
 #include <ronde/optimizer.h>
 
+#include "engine/blobs.h"
 #include "engine/gradient_engine.h"
 #include "optim/shard_state.h"
 
@@ -241,10 +242,11 @@ void DistributedOptimizer::follow_shards() {
 }
 
 void DistributedOptimizer::consolidate_state_dict(int to) {
+  const bool hook_state = engine_->comm_hook()->stateful();
   TORCH_CHECK(
-      shard_,
-      "ronde: consolidate_state_dict() on an optimizer that does not shard "
-      "(rank ",
+      shard_ || hook_state,
+      "ronde: consolidate_state_dict() on an optimizer that neither shards "
+      "nor has a communication hook with state (rank ",
       ronde::rank(),
       ")");
   const ProcessSet& set = options_.process_set();
@@ -257,10 +259,18 @@ void DistributedOptimizer::consolidate_state_dict(int to) {
       ": the set has ",
       set.size(),
       " ranks");
+  if (hook_state)
+    engine_->consolidate_hook_state(to);
+  if (!shard_)
+    return;
   auto blobs = detail::exchange_blobs(
       detail::shard_blob(*optimizer_, shard_->spots), set, to);
   if (set.rank() == to)
     shard_->consolidated = detail::assemble(blobs, shard_->groups);
+}
+
+const std::shared_ptr<CommHook>& DistributedOptimizer::comm_hook() const {
+  return engine_->comm_hook();
 }
 
 int64_t DistributedOptimizer::optimizer_state_bytes() const {
@@ -381,6 +391,7 @@ void DistributedOptimizer::save(
           std::vector<double>{
               b.fusion_threshold_mb, b.first_bucket_mb, b.autotuned ? 1.0 : 0.0},
           at::kDouble));
+  engine_->save_hook_state(archive);
 }
 
 void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
@@ -415,6 +426,7 @@ void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
     engine_->set_bucket_sizing(BucketSizing{
         sizing[0].item<double>(), sizing[1].item<double>(), true});
   }
+  engine_->load_hook_state(archive);
 }
 
 std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {

@@ -166,8 +166,10 @@ Checkpointer& Checkpointer::add(
        [&optimizer](auto& a) { optimizer.load(a); },
        [&optimizer] {
          auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer);
-         if (d && d->sharded() && d->options().process_set().included())
+         if (d && (d->sharded() || d->comm_hook()->stateful()) &&
+             d->options().process_set().included()) {
            d->consolidate_state_dict(0);
+         }
        }});
 }
 
