@@ -75,9 +75,11 @@ def main():
     p.add_argument("--workload", choices=["mlp", "cnn"], default="mlp")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--compression", choices=["none", "fp16", "bf16"], default="none",
-                   help="DDP's communication hook: fp16_compress_hook or "
-                        "bf16_compress_hook (the peer of ronde's wire compression)")
+    p.add_argument("--compression", default="none",
+                   help="DDP's communication hook: fp16 or bf16 "
+                        "(fp16_compress_hook, bf16_compress_hook: the peers of "
+                        "ronde's wire compression) or powersgdR (powerSGD_hook "
+                        "at rank R from the third step, ronde's PowerSGD peer)")
     p.add_argument("--backend", choices=["gloo", "ronde"], default="gloo")
     p.add_argument("--zero", action="store_true",
                    help="torch's ZeroRedundancyOptimizer around the SGD")
@@ -99,11 +101,21 @@ def main():
         ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
     except TypeError:  # releases before forward_sync_buffers
         ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
-    if a.compression != "none":
+    if a.compression.startswith("powersgd"):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=int(a.compression[len("powersgd"):]),
+            start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif a.compression in ("fp16", "bf16"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         hook = {"fp16": default_hooks.fp16_compress_hook,
                 "bf16": default_hooks.bf16_compress_hook}[a.compression]
         ddp.register_comm_hook(None, hook)
+    elif a.compression != "none":
+        raise SystemExit(f"--compression {a.compression}: none, fp16, bf16 "
+                         "or powersgdR")
     if a.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD,

@@ -23,7 +23,9 @@ torch.distributed's gloo). Writes benchmarks/results/cluster-allreduce-
 ronderun -H), `ronde_<c>` for each wire format in --compression (default
 fp16), `ddp` (ddp_train_bench.py: DistributedDataParallel over gloo) and
 `ddp_<c>` (DDP with its fp16_compress_hook / bf16_compress_hook, the peer
-of ronde's wire compression). Writes
+of ronde's wire compression; powersgdR: ronde's PowerSGD hook and DDP's
+powerSGD_hook at rank R, both compressing from the third step, after the
+warmup). Writes
 benchmarks/results/cluster-train-<date>.json (--out).
 
 Ranks find their own addresses: no RONDE_HOSTNAME is set. torch's ranks get
@@ -36,6 +38,7 @@ import datetime
 import json
 import os
 import random
+import re
 import shlex
 import signal
 import statistics
@@ -449,9 +452,11 @@ def cmd_train(a):
     except ValueError as e:
         raise SystemExit(f"--rate: {e}")
     wires = comma_list(a.compression)
-    bad = [w for w in wires if w not in ("fp16", "bf16")]
+    bad = [w for w in wires if w not in ("fp16", "bf16") and
+           not re.fullmatch(r"powersgd[1-9][0-9]*", w)]
     if bad:
-        raise SystemExit(f"--compression: {', '.join(bad)} (fp16, bf16)")
+        raise SystemExit(f"--compression: {', '.join(bad)} (fp16, bf16, "
+                         "powersgdR)")
     n = a.hosts * a.per_host
     bench = os.path.join(a.build, "bin", "train_bench")
     ddp = [sys.executable, os.path.join(HERE, "ddp_train_bench.py")]
@@ -537,12 +542,12 @@ def cmd_train(a):
           f"rank(s) x 1 thread at {a.rate} per host link; median over "
           f"{a.rounds} alternating rounds of the median of {a.steps} steps; "
           f"allocator {a.allocator}")
-    print(f"{'mode':>11} {'step_ms':>9} {'samples/s':>9} per round (ms)")
+    print(f"{'mode':>15} {'step_ms':>9} {'samples/s':>9} per round (ms)")
     b = row["batch_per_rank"]
     for impl in impls:
         s = row[f"{impl}_step_s"]
         per = " ".join(f"{x * 1e3:.0f}" for x in steps(impl))
-        print(f"{impl:>11} {s * 1e3:>9.1f} {n * b / s:>9.1f} {per}")
+        print(f"{impl:>15} {s * 1e3:>9.1f} {n * b / s:>9.1f} {per}")
     rr = row["ronde_over_ddp_per_round"]
     print(f"ronde/ddp step time {row['ronde_over_ddp']:.3f} (per round "
           f"{min(rr):.3f}..{max(rr):.3f}); ronde waits "
@@ -552,7 +557,7 @@ def cmd_train(a):
         rr = x["over_uncompressed_per_round"]
         print(f"ronde {w}/ronde uncompressed step time "
               f"{x['over_uncompressed']:.3f} (per round {min(rr):.3f}.."
-              f"{max(rr):.3f}); {x['wire_bytes'] / 2**20:.0f} MiB on the "
+              f"{max(rr):.3f}); {x['wire_bytes'] / 2**20:.2f} MiB on the "
               f"wire; ronde {w}/ddp {w} hook {x['over_ddp_hook']:.3f} "
               f"(per round {min(x['over_ddp_hook_per_round']):.3f}.."
               f"{max(x['over_ddp_hook_per_round']):.3f}); waits "
@@ -607,7 +612,8 @@ def main():
     q.add_argument("--steps", type=int, default=6)
     q.add_argument("--warmup", type=int, default=2)
     q.add_argument("--compression", default="fp16",
-                   help="ronde wire formats also measured (fp16,bf16; "
+                   help="ronde wire formats or hooks also measured, each "
+                        "beside DDP's own (fp16,bf16,powersgd1,powersgd4...; "
                         "empty: none)")
     q.add_argument("--allocator", choices=["tuned", "default"],
                    default="tuned",

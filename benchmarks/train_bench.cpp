@@ -148,7 +148,8 @@ int main(int argc, char** argv) {
       sync_bn = true;
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
-                   "[--steps N] [--warmup N] [--compression none|fp16|bf16] "
+                   "[--steps N] [--warmup N] "
+                   "[--compression none|fp16|bf16|powersgdR] "
                    "[--device cpu|cuda] [--batch N] [--windows N] [--sync-bn] "
                    "[--json FILE]\n";
       return 2;
@@ -165,8 +166,14 @@ int main(int argc, char** argv) {
       device_name == "cpu" || torch::cuda::is_available(),
       "--device cuda, but no CUDA device is available");
   TORCH_CHECK(windows >= 1 && steps >= 1, "--steps and --windows must be >= 1");
+  // powersgdR: PowerSGD at rank R, compressing from the third step (as
+  // DDP's hook, which cannot start earlier), so after the default warmup.
+  int64_t powersgd_rank = 0;
+  if (compression.rfind("powersgd", 0) == 0)
+    powersgd_rank = std::stoll(compression.substr(8));
   TORCH_CHECK(
-      compression == "none" || compression == "fp16" || compression == "bf16",
+      compression == "none" || compression == "fp16" || compression == "bf16" ||
+          powersgd_rank >= 1,
       "unknown compression ",
       compression);
   const ronde::Compression wire =
@@ -216,7 +223,12 @@ int main(int argc, char** argv) {
     dopt = std::make_unique<ronde::DistributedOptimizer>(
         base,
         model->named_parameters(),
-        ronde::DistributedOptimizerOptions().compression(wire));
+        ronde::DistributedOptimizerOptions().compression(wire).comm_hook(
+            powersgd_rank > 0
+                ? ronde::powersgd_hook(ronde::PowerSGDOptions()
+                                           .rank(powersgd_rank)
+                                           .start_iter(2))
+                : nullptr));
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
@@ -224,7 +236,10 @@ int main(int argc, char** argv) {
   // synchronizations; on the CPU every step is a sample.
   const int total = warmup + steps * (cuda ? windows : 1);
   auto window_start = std::chrono::steady_clock::now();
+  int64_t bytes_at_warmup = 0;
   for (int s = 0; s < total; ++s) {
+    if (dopt && s == warmup)
+      bytes_at_warmup = dopt->comm_hook()->bytes_sent();
     if (cuda && s >= warmup && (s - warmup) % steps == 0) {
       torch::cuda::synchronize();
       window_start = std::chrono::steady_clock::now();
@@ -271,12 +286,11 @@ int main(int argc, char** argv) {
     wait = t[1].item<double>();
   }
   const int world = distributed ? ronde::size() : 1;
-  // Gradient bytes each rank puts into its all-reduces per step.
-  int64_t wire_bytes = 0;
-  for (const auto& p : model->parameters()) {
-    wire_bytes +=
-        p.numel() * (wire == ronde::Compression::None ? p.element_size() : 2);
-  }
+  // Gradient bytes each rank put into its collectives per measured step,
+  // by the hook's own count.
+  const int64_t wire_bytes = dopt
+      ? (dopt->comm_hook()->bytes_sent() - bytes_at_warmup) / (total - warmup)
+      : 0;
   if (rank == 0) {
     std::printf(
         "%s%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "

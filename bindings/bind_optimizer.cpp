@@ -6,6 +6,7 @@
 #include "bindings.h"
 
 #include <ronde/collectives.h>
+#include <ronde/comm_hook.h>
 #include <ronde/gradient_reducer.h>
 #include <ronde/process_set.h>
 
@@ -46,9 +47,98 @@ DistributedOptimizerOptions make_options(
       .divide_by_set_size(divide_by_set_size);
 }
 
+// A hook written in Python: reduce() runs on the communication thread with
+// the GIL taken for the call (pybind11's override does), so Python code
+// costs a GIL acquisition per bucket and holds off other Python threads
+// meanwhile; backward's own C++ work goes on.
+class PyCommHook : public CommHook {
+ public:
+  std::string name() const override {
+    PYBIND11_OVERRIDE_PURE(std::string, CommHook, name);
+  }
+  std::string describe() const override {
+    PYBIND11_OVERRIDE(std::string, CommHook, describe);
+  }
+  void reduce(CommBucket& bucket) override {
+    PYBIND11_OVERRIDE_PURE(void, CommHook, reduce, bucket);
+  }
+  void count(int64_t bytes) {
+    count_bucket();
+    count_bytes(bytes);
+  }
+};
+
+void bind_comm_hooks(py::module_& m) {
+  py::class_<CommBucket>(m, "CommBucket")
+      .def_readonly("buffer", &CommBucket::buffer)
+      .def_readonly("gradients", &CommBucket::gradients)
+      .def_readonly("names", &CommBucket::names)
+      .def_readonly("parameters", &CommBucket::parameters)
+      .def_readonly("index", &CommBucket::index)
+      .def_readonly("last", &CommBucket::last)
+      .def_readonly("step", &CommBucket::step)
+      .def_readonly("process_set", &CommBucket::process_set)
+      // The all-reduce the engine would make, as keyword arguments of
+      // ronde.torch.allreduce_().
+      .def_property_readonly(
+          "op", [](const CommBucket& b) { return b.options.op(); })
+      .def_property_readonly(
+          "prescale_factor",
+          [](const CommBucket& b) { return b.options.prescale_factor(); })
+      .def_property_readonly(
+          "postscale_factor",
+          [](const CommBucket& b) { return b.options.postscale_factor(); })
+      .def_property_readonly(
+          "name", [](const CommBucket& b) { return b.options.name(); });
+  py::class_<CommHook, PyCommHook, std::shared_ptr<CommHook>>(m, "CommHook")
+      .def(py::init<>())
+      .def("name", &CommHook::name)
+      .def("describe", &CommHook::describe)
+      .def("reduce", &CommHook::reduce, release_gil())
+      .def("bytes_sent", &CommHook::bytes_sent)
+      .def("buckets_reduced", &CommHook::buckets_reduced)
+      // For a Python hook's reduce(): counts one bucket and the bytes it
+      // handed to collectives.
+      .def("count", [](CommHook& h, int64_t bytes) {
+        auto* py_hook = dynamic_cast<PyCommHook*>(&h);
+        TORCH_CHECK(py_hook, "ronde: count() is for hooks written in Python");
+        py_hook->count(bytes);
+      });
+  m.def("allreduce_hook", &allreduce_hook);
+  m.def("fp16_compress_hook", &fp16_compress_hook);
+  m.def("bf16_compress_hook", &bf16_compress_hook);
+  m.def(
+      "powersgd_hook",
+      [](int64_t rank,
+         int64_t start_iter,
+         double min_compression_rate,
+         bool error_feedback,
+         bool warm_start,
+         double orthogonalization_epsilon,
+         uint64_t seed) {
+        return powersgd_hook(PowerSGDOptions()
+                                 .rank(rank)
+                                 .start_iter(start_iter)
+                                 .min_compression_rate(min_compression_rate)
+                                 .error_feedback(error_feedback)
+                                 .warm_start(warm_start)
+                                 .orthogonalization_epsilon(
+                                     orthogonalization_epsilon)
+                                 .seed(seed));
+      },
+      py::arg("rank") = 1,
+      py::arg("start_iter") = 1000,
+      py::arg("min_compression_rate") = 2.0,
+      py::arg("error_feedback") = true,
+      py::arg("warm_start") = true,
+      py::arg("orthogonalization_epsilon") = 0.0,
+      py::arg("seed") = 0);
+}
+
 }  // namespace
 
 void bind_optimizer(py::module_& m) {
+  bind_comm_hooks(m);
   py::enum_<Compression>(m, "Compression")
       .value("none", Compression::None)
       .value("fp16", Compression::FP16)
@@ -80,7 +170,8 @@ void bind_optimizer(py::module_& m) {
                       const ProcessSet& process_set,
                       bool divide_by_set_size,
                       bool shard_optimizer_state,
-                      bool shard_gradients) {
+                      bool shard_gradients,
+                      std::shared_ptr<CommHook> comm_hook) {
             return std::make_unique<GradientReducer>(
                 names,
                 params,
@@ -98,7 +189,8 @@ void bind_optimizer(py::module_& m) {
                     process_set,
                     divide_by_set_size)
                     .shard_optimizer_state(shard_optimizer_state)
-                    .shard_gradients(shard_gradients));
+                    .shard_gradients(shard_gradients)
+                    .comm_hook(std::move(comm_hook)));
           }),
           py::arg("names"),
           py::arg("parameters"),
@@ -116,7 +208,17 @@ void bind_optimizer(py::module_& m) {
           py::arg("divide_by_set_size") = false,
           py::arg("shard_optimizer_state") = false,
           py::arg("shard_gradients") = false,
+          py::arg("comm_hook") = nullptr,
           release_gil())
+      .def("comm_hook", &GradientReducer::comm_hook)
+      .def(
+          "comm_hook_state",
+          [](const GradientReducer& r) { return py::bytes(r.comm_hook_state()); })
+      .def(
+          "load_comm_hook_state",
+          [](GradientReducer& r, const py::bytes& b) {
+            r.load_comm_hook_state(std::string(b));
+          })
       .def("synchronize", &GradientReducer::synchronize, release_gil())
       .def("synchronized", &GradientReducer::synchronized)
       .def("finish_step", &GradientReducer::finish_step)

@@ -12,13 +12,45 @@
 // then follows a cosine decay. Only rank 0 prints.
 #include "common/classifier.h"
 #include "common/flags.h"
+#include "common/scaled_fp16_hook.h"
 
 #include <ronde/ronde.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <optional>
+#include <string>
+
+namespace {
+
+// --comm-hook: one of ronde's hooks, or this example's own.
+std::shared_ptr<ronde::CommHook> make_hook(
+    const std::string& name, int64_t powersgd_rank, int64_t powersgd_start) {
+  if (name == "allreduce")
+    return ronde::allreduce_hook();
+  if (name == "fp16")
+    return ronde::fp16_compress_hook();
+  if (name == "bf16")
+    return ronde::bf16_compress_hook();
+  if (name == "powersgd") {
+    return ronde::powersgd_hook(ronde::PowerSGDOptions()
+                                    .rank(powersgd_rank)
+                                    .start_iter(powersgd_start));
+  }
+  if (name == "scaled_fp16")
+    return std::make_shared<examples::ScaledFp16Hook>();
+  TORCH_CHECK(
+      false,
+      "--comm-hook must be allreduce, fp16, bf16, powersgd or scaled_fp16, "
+      "got '",
+      name,
+      "'");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   return examples::run_example("fashion_mnist", [&] {
@@ -78,6 +110,18 @@ int main(int argc, char** argv) {
         "newest checkpoint at start-up");
     const auto checkpoint_every =
         flags.integer("checkpoint-every", 200, "steps between checkpoints");
+    const auto comm_hook = flags.str(
+        "comm-hook",
+        "allreduce",
+        "what each gradient bucket's reduction is: allreduce, fp16, bf16, "
+        "powersgd, or scaled_fp16 (a hook of this example's own, "
+        "common/scaled_fp16_hook.h)");
+    const auto powersgd_rank =
+        flags.integer("powersgd-rank", 1, "PowerSGD's approximation rank");
+    const auto powersgd_start = flags.integer(
+        "powersgd-start-iter",
+        100,
+        "steps of plain all-reduce before PowerSGD compresses");
     if (!flags.finish()) {
       return 0;
     }
@@ -110,8 +154,9 @@ int main(int argc, char** argv) {
     ronde::DistributedOptimizer optimizer(
         sgd,
         model->named_parameters(),
-        ronde::DistributedOptimizerOptions().lr_scaling(
-            ronde::LrScaling::Linear));
+        ronde::DistributedOptimizerOptions()
+            .lr_scaling(ronde::LrScaling::Linear)
+            .comm_hook(make_hook(comm_hook, powersgd_rank, powersgd_start)));
 
     ronde::DistributedSampler sampler(
         train.size(), ronde::DistributedSamplerOptions().seed(seed));
@@ -201,6 +246,10 @@ int main(int argc, char** argv) {
       std::cout << "fashion_mnist: test accuracy " << eval.accuracy
                 << "% after " << epochs << (epochs == 1 ? " epoch" : " epochs")
                 << std::endl;
+      const auto& hook = optimizer.comm_hook();
+      std::cout << "fashion_mnist: comm hook " << hook->name() << " sent "
+                << hook->bytes_sent() / std::max<int64_t>(step, 1)
+                << " bytes per step" << std::endl;
     }
     ronde::shutdown();
     return 0;

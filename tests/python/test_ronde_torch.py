@@ -84,6 +84,25 @@ def test_fp16_compression_close(ranks):
                    rtol=1e-2)
 
 
+@pytest.mark.parametrize("hook", ["class", "callable", "powersgd_late"])
+def test_comm_hooks_equal_plain_training(ranks, hook):
+    # A hook written in Python (a CommHook subclass, a function) doing the
+    # engine's all-reduce, and PowerSGD before its start_iter, train as the
+    # default path does.
+    check_training(ranks, reference("sgd"), f"hook={hook}")
+
+
+def test_powersgd_replicas_equal(ranks):
+    # Compressing from the second step: far from plain SGD at rank 1 on
+    # this small model, but every replica bitwise equal (check_training's
+    # first check) and finite.
+    ranks.run("train", "hook=powersgd")
+    p0, p1 = ranks.load("params", 0), ranks.load("params", 1)
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), name
+        assert torch.isfinite(p0[name]).all(), name
+
+
 @pytest.mark.parametrize("amp", ["torch", "ronde"])
 def test_grad_scaler_skips_overflow_on_every_rank(ranks, amp):
     # Step 2's loss is infinite on rank 1 only: the averaged gradients

@@ -24,9 +24,40 @@ def save(out, name, obj):
     torch.save(obj, os.path.join(out, f"{name}.rank{rt.rank()}.pt"))
 
 
+class PlainHook(rt.CommHook):
+    """A communication hook written in Python: the engine's all-reduce."""
+
+    def name(self):
+        return "plain_python"
+
+    def reduce(self, bucket):
+        b = bucket.buffer
+        self.count(b.numel() * b.element_size())
+        rt.allreduce_(b, op=bucket.op, name=bucket.name,
+                      prescale_factor=bucket.prescale_factor,
+                      postscale_factor=bucket.postscale_factor,
+                      process_set=bucket.process_set)
+
+
+def plain_function_hook(bucket):
+    rt.allreduce_(bucket.buffer, op=bucket.op, name=bucket.name,
+                  prescale_factor=bucket.prescale_factor,
+                  postscale_factor=bucket.postscale_factor,
+                  process_set=bucket.process_set)
+
+
+def comm_hook_of(name):
+    return {"none": None, "class": PlainHook(),
+            "callable": plain_function_hook,
+            # Never past start_iter here: plain training.
+            "powersgd_late": rt.powersgd_hook(rank=2, start_iter=1000),
+            "powersgd": rt.powersgd_hook(rank=1, start_iter=1)}[name]
+
+
 def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
           lr_scaling="none", zero="none", amp="", inf_step="-1",
-          bucket_view="1", fusion="0", rebuild="1", autotune="0"):
+          bucket_view="1", fusion="0", rebuild="1", autotune="0",
+          hook="none"):
     k, lr, inf_step = int(k), float(lr), int(inf_step)
     model = make_model()
     if rt.rank() == 1:
@@ -41,7 +72,8 @@ def train(out, optimizer="sgd", k="1", lr="0.05", compression="none",
         lr_scaling=lr_scaling, gradient_as_bucket_view=bucket_view == "1",
         fusion_threshold_mb=float(fusion) or 0.0,
         first_bucket_mb=0.001 if fusion != "0" else 1.0,
-        rebuild_buckets=rebuild == "1", autotune=autotune == "1")
+        rebuild_buckets=rebuild == "1", autotune=autotune == "1",
+        comm_hook=comm_hook_of(hook))
     rt.broadcast_optimizer_state(opt, root_rank=0)
     scaler = None
     if amp == "torch":

@@ -50,7 +50,9 @@ _check_torch()
 
 from . import _C  # noqa: E402
 from ._C import (  # noqa: F401,E402  (re-exported)
+    CommBucket,
     CommError,
+    CommHook,
     Compression,
     Decay,
     DecayShape,
@@ -62,10 +64,13 @@ from ._C import (  # noqa: F401,E402  (re-exported)
     StepProfile,
     WarmupShape,
     add_process_set,
+    allreduce_hook,
     barrier,
     barrier_async,
+    bf16_compress_hook,
     cross_rank,
     cross_size,
+    fp16_compress_hook,
     global_process_set,
     init,
     is_initialized,
@@ -74,6 +79,7 @@ from ._C import (  # noqa: F401,E402  (re-exported)
     local_size,
     lr_scale_factor,
     host_backend,
+    powersgd_hook,
     process_sets,
     rank,
     remove_process_set,

@@ -89,16 +89,21 @@ class _DistributedOptimizer:
         state["ronde_bucket_sizing"] = list(
             self._ronde_reducer.bucket_sizing())
         state["ronde_lr_scale_factor"] = self._ronde_lr_scale_factor
+        hook_state = self._ronde_reducer.comm_hook_state()
+        if hook_state:
+            state["ronde_comm_hook_state"] = hook_state
         return state
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         sizing = state_dict.pop("ronde_bucket_sizing", None)
         then = state_dict.pop("ronde_lr_scale_factor", None)
+        hook_state = state_dict.pop("ronde_comm_hook_state", b"")
         if self._ronde_sharded:
             _zero.load_state_dict(self, state_dict)
         else:
             super().load_state_dict(state_dict)
+        self._ronde_reducer.load_comm_hook_state(hook_state)
         if sizing is not None and sizing[2]:
             self._ronde_reducer.set_bucket_sizing(
                 float(sizing[0]), float(sizing[1]), True)
@@ -162,6 +167,44 @@ def _parse_enum(enum, value, what):
     return value
 
 
+class _CallableHook(_C.CommHook):
+    """A plain function as a communication hook: fn(bucket) reduces
+    bucket.buffer in place."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self._fn = fn
+
+    def name(self):
+        return getattr(self._fn, "__name__", "callable")
+
+    def reduce(self, bucket):
+        self._fn(bucket)
+
+
+_BUILTIN_HOOKS = {
+    "allreduce": _C.allreduce_hook,
+    "fp16": _C.fp16_compress_hook,
+    "bf16": _C.bf16_compress_hook,
+    "powersgd": _C.powersgd_hook,
+}
+
+
+def _comm_hook(spec):
+    if spec is None or isinstance(spec, _C.CommHook):
+        return spec
+    if isinstance(spec, str):
+        if spec not in _BUILTIN_HOOKS:
+            raise ValueError(
+                f"ronde: unknown comm_hook '{spec}'; the built-in ones are "
+                + ", ".join(_BUILTIN_HOOKS))
+        return _BUILTIN_HOOKS[spec]()
+    if callable(spec):
+        return _CallableHook(spec)
+    raise TypeError("ronde: comm_hook takes a name, a CommHook or a "
+                    f"callable, got {type(spec).__name__}")
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, *,
                          fusion_threshold_mb=0.0, first_bucket_mb=1.0,
                          backward_passes_per_step=1,
@@ -173,7 +216,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          lr_scaling=_C.LrScaling.none,
                          rebuild_buckets=True, autotune=False,
                          process_set=None, divide_by_set_size=False,
-                         shard_optimizer_state=False, shard_gradients=False):
+                         shard_optimizer_state=False, shard_gradients=False,
+                         comm_hook=None):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -207,6 +251,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     consolidate_state_dict(to) on every rank first and returns the
     unsharded format on rank ``to``; load_state_dict() takes that format.
     Use ``ronde.torch.clip_grad_norm_(optimizer, ...)`` to clip.
+
+    ``comm_hook`` (docs/comm_hooks.md) replaces each bucket's all-reduce:
+    "allreduce", "fp16", "bf16" or "powersgd" (its defaults), a hook made
+    by ``powersgd_hook(rank=..., start_iter=...)`` and the like, a
+    ``CommHook`` subclass written in Python, or a callable taking the
+    ``CommBucket``. A Python hook runs on the communication thread and takes
+    the GIL for each bucket. state_dict() keeps this rank's hook state
+    (PowerSGD's) under "ronde_comm_hook_state".
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -245,6 +297,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     sharded = bool(shard_optimizer_state or shard_gradients)
     if sharded:
         _zero.check_elementwise(optimizer)
+    hook = _comm_hook(comm_hook)
     reducer = _C.GradientReducer(
         names, params,
         fusion_threshold_mb=fusion_threshold_mb,
@@ -260,7 +313,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         process_set=process_set,
         divide_by_set_size=divide_by_set_size,
         shard_optimizer_state=bool(shard_optimizer_state),
-        shard_gradients=bool(shard_gradients))
+        shard_gradients=bool(shard_gradients),
+        comm_hook=hook)
     factor = _C.lr_scale_factor(lr_scaling, process_set.size(),
                                 backward_passes_per_step)
     for group in optimizer.param_groups:
@@ -278,6 +332,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer._ronde_lr_scaling = lr_scaling
     optimizer._ronde_backward_passes = backward_passes_per_step
     optimizer._ronde_sharded = sharded
+    # The Python object of a hook written in Python lives as long as the
+    # optimizer that calls it.
+    optimizer._ronde_comm_hook = hook
     if sharded:
         _zero.setup(optimizer)
     return optimizer
