@@ -86,9 +86,13 @@ std::shared_ptr<GradientEngine> GradientEngine::create(
   std::vector<std::string> lines;
   for (size_t i = 0; i < names.size(); ++i)
     lines.push_back(describe_tensor(names[i], params[i]));
-  lines.push_back("comm hook " + hook->describe());
   check_same_everywhere(
       "DistributedOptimizer parameters", lines, options.process_set());
+  // Apart, so that a mismatch of parameters counts parameters only.
+  check_same_everywhere(
+      "DistributedOptimizer comm_hook",
+      {hook->describe()},
+      options.process_set());
   std::shared_ptr<GradientEngine> engine(new GradientEngine(
       std::move(names), std::move(params), options, std::move(hook),
       settings()));
