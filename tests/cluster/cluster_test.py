@@ -241,7 +241,8 @@ def case_ronderun(args, hosts, per_host, tag):
 def case_digest(args, tag):
     """Sums of random floating tensors up to 3.1M elements (2-3 pieces of
     the hierarchical pipeline), checked against a reference in each rank:
-    every rank of the job must hold the same bits."""
+    every rank of the job must hold the same bits. Then PowerSGD training
+    on the same 2 x 2 job."""
     codes, outputs, timed_out = run_env_job(args, 2, 2, "torchrun", ["digest"], tag)
     check(not timed_out and all(c == 0 for c in codes), f"exit codes {codes}",
           outputs)
@@ -249,6 +250,12 @@ def case_digest(args, tag):
     check(len(digests) == 1, f"ranks disagree on the bits: {digests}", outputs)
     check(all("HOST_BACKEND: hierarchical" in o for o in outputs),
           "the job should be hierarchical", outputs)
+    # PowerSGD's two all-reduces per bucket through the same pipeline: the
+    # replicas stay bitwise equal after every step.
+    codes, outputs, timed_out = run_env_job(
+        args, 2, 2, "torchrun", ["powersgd_train"], tag + "p")
+    check(not timed_out and all(c == 0 for c in codes),
+          f"PowerSGD across hosts: exit codes {codes}", outputs)
 
 
 def case_uneven(args, tag):

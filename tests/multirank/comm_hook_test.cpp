@@ -2,7 +2,8 @@
 // 16-bit hooks equal hand-made collectives bit for bit, PowerSGD keeps
 // every replica bitwise equal at 2, 3 and 4 ranks and matches a reference
 // written in plain tensor operations, a checkpointed run resumes exactly,
-// and the example's own hook works as a user would write it.
+// ranks that join early answer its collectives, and the example's own hook
+// works as a user would write it.
 #include "harness.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"powersgd_train", 4},
         Case{"powersgd_reference", 2},
         Case{"powersgd_reference", 3},
+        Case{"powersgd_join", 2},
+        Case{"powersgd_join", 3},
         Case{"user_hook", 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::get<0>(info.param) + "_np" +

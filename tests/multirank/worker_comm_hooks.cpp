@@ -1,7 +1,8 @@
 // Scenarios of the communication hooks (ronde/comm_hook.h): the built-in
 // all-reduce and 16-bit hooks against collectives made by hand, PowerSGD's
 // replicas, its step against a reference in plain tensor operations, its
-// resume from a checkpoint, the example's own hook, and bad options.
+// resume from a checkpoint, with joined ranks, the example's own hook, and
+// bad options.
 #include <ronde/ronde.h>
 
 #include "common/scaled_fp16_hook.h"
@@ -151,6 +152,16 @@ RONDE_SCENARIO(hook_builtins) {
                 .shard_optimizer_state(true));
       },
       {"sharded optimizer", "takes no comm_hook", "powersgd"});
+  // Ranks that chose different hooks fail together, naming both.
+  expect_error(
+      [&] {
+        ronde::DistributedOptimizer(
+            base,
+            net->named_parameters(),
+            ronde::DistributedOptimizerOptions().comm_hook(
+                ronde::powersgd_hook(ronde::PowerSGDOptions().rank(1 + r))));
+      },
+      {"DistributedOptimizer comm_hook: ranks disagree", "powersgd"});
   auto shared = ronde::powersgd_hook();
   ronde::DistributedOptimizer first(
       base,
@@ -346,6 +357,59 @@ RONDE_SCENARIO(powersgd_resume) {
       torch::equal(params_flat(*resumed), params_flat(*straight)),
       "the resumed run differs from the uninterrupted one by ",
       (params_flat(*resumed) - params_flat(*straight)).abs().max());
+  ronde::shutdown();
+  return scenario_exit_code();
+}
+
+// PowerSGD with uneven inputs: rank r has kJoinSteps[r] steps and then
+// joins, answering both of each bucket's all-reduces with zeros. Without
+// error feedback and dividing by the set's size, that is what a rank whose
+// gradients are zero sends, so rank 0, the last to join, must end where it
+// ends when every rank steps to the end, the joined ones with zero losses.
+constexpr int kJoinSteps[] = {6, 3, 2, 4};
+
+RONDE_SCENARIO(powersgd_join) {
+  ronde::init();
+  const int me = ronde::rank();
+  auto options = [] {
+    return ronde::DistributedOptimizerOptions()
+        .divide_by_set_size(true)
+        .fusion_threshold_mb(0.001)
+        .comm_hook(ronde::powersgd_hook(
+            ronde::PowerSGDOptions().rank(2).start_iter(1).error_feedback(
+                false)));
+  };
+  auto make_opt = [&](Net& net) {
+    auto base = std::make_shared<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    return std::make_unique<ronde::DistributedOptimizer>(
+        base, net->named_parameters(), options());
+  };
+  Net zeros = make_net(false);
+  auto zeros_opt = make_opt(zeros);
+  for (int s = 0; s < kJoinSteps[0]; ++s) {
+    auto [x, y] = batch_of(me, s);
+    zeros_opt->zero_grad();
+    auto loss = torch::mse_loss(zeros->forward(x), y);
+    (s < kJoinSteps[me] ? loss : loss * 0).backward();
+    zeros_opt->step();
+  }
+  Net joined = make_net(false);
+  auto joined_opt = make_opt(joined);
+  for (int s = 0; s < kJoinSteps[me]; ++s)
+    step_on(joined, *joined_opt, s);
+  const int last = ronde::join();
+  CHECK_W(last == 0, "join() returned ", last, ", expected rank 0");
+  if (me == 0) {
+    const torch::Tensor a = params_flat(*joined), b = params_flat(*zeros);
+    CHECK_W(
+        torch::allclose(a, b, 1e-12, 1e-14),
+        "PowerSGD with joined ranks differs from zero gradients by ",
+        (a - b).abs().max());
+    CHECK_W(
+        !torch::equal(a, params_flat(*make_net(false))),
+        "nothing trained");
+  }
   ronde::shutdown();
   return scenario_exit_code();
 }
