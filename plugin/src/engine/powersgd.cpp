@@ -29,6 +29,16 @@ struct Matrix {
   int64_t rank;
 };
 
+// `b`^T `thin` as (`thin`^T `b`)^T, for a thin `thin` (k x r, r small): P =
+// M Q is (Q^T M^T)^T and Q = M^T P is (P^T M)^T. The same product, but the
+// BLAS takes the r x k by k x m product on its fast path: with one thread
+// on a 4096 x 4096 float matrix at rank 4, Q = M^T P takes 10 ms this way
+// and 129 ms as mm(M^T, P), and P 11 ms against 22 (rank 1: 3.5 ms either
+// way).
+at::Tensor thin_product(const at::Tensor& thin, const at::Tensor& b) {
+  return at::mm(thin.t(), b).t();
+}
+
 // Gram-Schmidt on the columns of `p` (n x r), in place: each column is
 // made orthogonal to those before it, then divided by its norm plus `eps`
 // (a zero column stays zero).
@@ -134,7 +144,7 @@ class PowerSGDHook : public CommHook {
         x.m.add_(e);
       }
       qs.push_back(initial_q(x, iter));
-      ps.push_back(at::mm(x.m, qs.back()));
+      ps.push_back(thin_product(qs.back(), x.m.t()));
     }
     // One all-reduce for the plain part and every P: P's scale does not
     // matter (it is orthogonalized), so the bucket's factors serve both.
@@ -156,7 +166,7 @@ class PowerSGDHook : public CommHook {
     }
     std::vector<at::Tensor> second;
     for (size_t i = 0; i < matrices.size(); ++i)
-      second.push_back(at::mm(matrices[i].m.t(), ps[i]).reshape({-1}));
+      second.push_back(thin_product(ps[i], matrices[i].m).reshape({-1}));
     at::Tensor qwire = at::cat(second);
     count_bytes(qwire.numel() * qwire.element_size());
     allreduce_async_(qwire, named(bucket, ".q")).wait();
