@@ -97,10 +97,20 @@ def main():
                             rank=rank, world_size=size)
     model, batch, x, y = make_workload(a.workload)
     # Buffers are not re-broadcast every step: ronde does not do it either.
+    ddp_args = {}
+    if a.compression.startswith("powersgd"):
+        # powerSGD_hook issues its second and third collectives from future
+        # callbacks, which gloo runs on its own threads: with several buckets
+        # the ranks issue them in different orders and hang (rank 0 waiting
+        # in compute_qs while rank 1 is in two buckets' P all-reduces). One
+        # bucket for the whole model is the order-safe way on gloo.
+        ddp_args["bucket_cap_mb"] = 4096
     try:
-        ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, forward_sync_buffers=False, **ddp_args)
     except TypeError:  # releases before forward_sync_buffers
-        ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, broadcast_buffers=False, **ddp_args)
     if a.compression.startswith("powersgd"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
         state = powerSGD_hook.PowerSGDState(
