@@ -7,7 +7,10 @@ on 2 ranks through ronderun, alternating over the rounds.
 
 Prints medians and the ronde/DDP step-time ratio per workload, and writes
 benchmarks/results/py-train-<date>.json. With --worker it is one rank of
-the ronde mode (what the driver launches).
+the ronde mode (what the driver launches). --comm-hooks python adds a mode
+whose buckets go through a Python callable that all-reduces them (what a
+Python hook costs over the C++ path: the GIL taken per bucket on the
+communication thread).
 """
 import argparse
 import datetime
@@ -42,8 +45,18 @@ def worker(a):
     model, batch, x, y = models.make_workload(a.workload)
     rt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    hook = {}
+    if a.comm_hook == "python":
+        def python_allreduce(bucket):  # the default's work, from Python
+            rt.allreduce_(bucket.buffer, op=bucket.op, name=bucket.name,
+                          prescale_factor=bucket.prescale_factor,
+                          postscale_factor=bucket.postscale_factor,
+                          process_set=bucket.process_set)
+        hook["comm_hook"] = python_allreduce
+    elif a.comm_hook != "none":
+        hook["comm_hook"] = a.comm_hook  # a built-in's name
     opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                  compression=a.compression)
+                                  compression=a.compression, **hook)
     samples, waits = [], []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -83,9 +96,10 @@ def driver(a):
         for wl in a.workloads.split(","):
             common = ["--workload", wl, "--steps", str(a.steps),
                       "--warmup", str(a.warmup)]
-            progs = {"ronde": [sys.executable, os.path.abspath(__file__),
-                               "--worker"],
-                     "ddp": [sys.executable, DDP]}
+            me = [sys.executable, os.path.abspath(__file__), "--worker"]
+            progs = {"ronde": me, "ddp": [sys.executable, DDP]}
+            for h in filter(None, a.comm_hooks.split(",")):
+                progs[f"ronde_{h}"] = me + ["--comm-hook", h]
             runs = {m: [] for m in progs}
             for r in range(a.rounds):
                 for mode, prog in progs.items():
@@ -109,6 +123,10 @@ def driver(a):
             row["ronde_over_ddp_per_round"] = [
                 x["step_s"] / y["step_s"]
                 for x, y in zip(runs["ronde"], runs["ddp"])]
+            for mode in progs:
+                if mode.startswith("ronde_"):
+                    row[f"{mode}_over_ronde"] = (row[f"{mode}_step_s"] /
+                                                 row["ronde_step_s"])
             rows.append(row)
     print(f"# Python training step, {a.np} ranks x 1 thread, median over "
           f"{a.rounds} alternating rounds of the median of {a.steps} steps; "
@@ -120,6 +138,10 @@ def driver(a):
         print(f"{row['workload']:>8} {row['ronde_step_s'] * 1e3:>9.1f} "
               f"{row['ddp_step_s'] * 1e3:>8.1f} {row['ronde_over_ddp']:>9.3f} "
               f"{min(rr):>7.3f}..{max(rr):.3f} {row['ronde_wait_s'] * 1e3:>8.1f}")
+        for key in sorted(k for k in row if k.endswith("_over_ronde")):
+            mode = key[:-len("_over_ronde")]
+            print(f"{'':>8} {mode}: {row[mode + '_step_s'] * 1e3:.1f} ms, "
+                  f"{row[key]:.3f}x the ronde step")
     out = a.out or os.path.join(
         HERE, "results",
         f"py-train-{datetime.date.today().isoformat()}.json")
@@ -142,6 +164,11 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--compression", default="none")
+    p.add_argument("--comm-hook", default="none",
+                   help="worker: none, a built-in hook's name, or python")
+    p.add_argument("--comm-hooks", default="",
+                   help="modes added beside ronde and DDP, one per hook "
+                        "(python: a Python callable that all-reduces)")
     p.add_argument("--allocator", choices=["tuned", "default"],
                    default="tuned")
     p.add_argument("--json")
