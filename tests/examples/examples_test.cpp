@@ -332,7 +332,7 @@ TEST(Examples, FashionMnistWithSyncBatchNormTrainsTheOneProcessModel) {
   // plain model's. SyncBatchNorm sums its statistics in float64 and
   // BatchNorm2d in float32, so the two differ by more than a thread count
   // does: on an x86-64 CPU with LibTorch 2.13, train_loss lands within 0.3%
-  // and val_loss 1.2% off, at 2 ranks and at 4, for every thread count.
+  // and val_loss 1.2% off, at 2 ranks and at 4, at 1 thread and at 2.
   // Whether the eval-mode val_loss lands within 1% depends on the CPU's
   // kernels; the figure that tells the models apart is train_loss. Batch
   // norm of each rank's own rows (--batch-norm at 4 ranks) trains another
