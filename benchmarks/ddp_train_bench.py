@@ -97,8 +97,9 @@ def main():
                             rank=rank, world_size=size)
     model, batch, x, y = make_workload(a.workload)
     # Buffers are not re-broadcast every step: ronde does not do it either.
+    powersgd = a.compression.startswith("powersgd")
     ddp_args = {}
-    if a.compression.startswith("powersgd"):
+    if powersgd:
         # powerSGD_hook issues its second and third collectives from future
         # callbacks, which gloo runs on its own threads: with several buckets
         # the ranks issue them in different orders and hang (rank 0 waiting
@@ -111,7 +112,7 @@ def main():
     except TypeError:  # releases before forward_sync_buffers
         ddp = nn.parallel.DistributedDataParallel(
             model, broadcast_buffers=False, **ddp_args)
-    if a.compression.startswith("powersgd"):
+    if powersgd:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
         state = powerSGD_hook.PowerSGDState(
             process_group=None,

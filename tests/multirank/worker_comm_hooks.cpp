@@ -43,11 +43,14 @@ std::vector<torch::Tensor> local_grads(Net& net, int q, int s) {
   return torch::autograd::grad({loss}, params, {}, false, false, true);
 }
 
-// Step `s` of this rank's training.
-void step_on(Net& net, ronde::DistributedOptimizer& opt, int s) {
+// Step `s` of this rank's training; with `zero_loss`, the same batch's
+// loss times 0 (zero gradients, and a step like every rank's).
+void step_on(
+    Net& net, ronde::DistributedOptimizer& opt, int s, bool zero_loss = false) {
   auto [x, y] = batch_of(ronde::rank(), s);
   opt.zero_grad();
-  torch::mse_loss(net->forward(x), y).backward();
+  auto loss = torch::mse_loss(net->forward(x), y);
+  (zero_loss ? loss * 0 : loss).backward();
   opt.step();
 }
 
@@ -371,6 +374,7 @@ constexpr int kJoinSteps[] = {6, 3, 2, 4};
 RONDE_SCENARIO(powersgd_join) {
   ronde::init();
   const int me = ronde::rank();
+  // A fresh hook for each optimizer: one hook serves one at a time.
   auto options = [] {
     return ronde::DistributedOptimizerOptions()
         .divide_by_set_size(true)
@@ -379,25 +383,12 @@ RONDE_SCENARIO(powersgd_join) {
             ronde::PowerSGDOptions().rank(2).start_iter(1).error_feedback(
                 false)));
   };
-  auto make_opt = [&](Net& net) {
-    auto base = std::make_shared<torch::optim::SGD>(
-        net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    return std::make_unique<ronde::DistributedOptimizer>(
-        base, net->named_parameters(), options());
-  };
   Net zeros = make_net(false);
-  auto zeros_opt = make_opt(zeros);
-  for (int s = 0; s < kJoinSteps[0]; ++s) {
-    auto [x, y] = batch_of(me, s);
-    zeros_opt->zero_grad();
-    auto loss = torch::mse_loss(zeros->forward(x), y);
-    (s < kJoinSteps[me] ? loss : loss * 0).backward();
-    zeros_opt->step();
-  }
+  auto zeros_opt = train(zeros, options(), 0);
+  for (int s = 0; s < kJoinSteps[0]; ++s)
+    step_on(zeros, *zeros_opt, s, /*zero_loss=*/s >= kJoinSteps[me]);
   Net joined = make_net(false);
-  auto joined_opt = make_opt(joined);
-  for (int s = 0; s < kJoinSteps[me]; ++s)
-    step_on(joined, *joined_opt, s);
+  auto joined_opt = train(joined, options(), kJoinSteps[me]);
   const int last = ronde::join();
   CHECK_W(last == 0, "join() returned ", last, ", expected rank 0");
   if (me == 0) {
