@@ -14,6 +14,10 @@
 // --loop N times N checked calls made back to back, as a training loop
 // makes them, with no barrier between (loop_us, the mean per call).
 //
+// --arena makes the all-reduce's buffer where the engine makes its gradient
+// buckets (in shared memory, the rank's arena: all-reduced without a copy
+// in; docs/shared_memory.md, "Zero-copy buckets").
+//
 // --process-set runs the collective on a process set instead of the job:
 // `all` (a set of every rank: its own communicator, the same transport) or
 // `half` (the job in two halves, each running the sweep on its own set at
@@ -23,6 +27,8 @@
 // bandwidth of one thread's memcpy at each size of the sweep, the ceiling
 // of a copy through shared memory, in the same JSON shape.
 #include <ronde/ronde.h>
+
+#include "comm/collective_calls.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -131,6 +137,10 @@ double bus_factor(Op op, int n) {
 // bytes / n per rank, reducescatter a multiple of n elements (every rank
 // then receives the same count). Sets *total to the bytes the collective
 // moves, the larger of its input and output.
+bool g_arena = false;  // --arena
+// The set the sweep runs on (--process-set); the job by default.
+ronde::ProcessSet g_set;
+
 at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
   int64_t count = bytes / 4;
   if (op == Op::Allgather) {
@@ -141,11 +151,10 @@ at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
   if (op == Op::Reducescatter)
     count = std::max<int64_t>(1, count / n) * n;
   *total = count * 4;
+  if (g_arena && op == Op::Allreduce)
+    return ronde::detail::bucket_zeros(g_set, count, at::kFloat).fill_(1);
   return at::ones({count});
 }
-
-// The set the sweep runs on (--process-set); the job by default.
-ronde::ProcessSet g_set;
 
 // One call of the collective, options built once, outside the timed region.
 // `queued`: the async form and a wait, so that the call goes through the
@@ -337,7 +346,8 @@ int run_collective(Op op, const Sweep& s) {
   json << "{\"benchmark\":\"allreduce\",\"impl\":\"ronde\",\"op\":\""
        << op_name(op) << "\",\"ranks\":" << n
        << ",\"job_ranks\":" << ronde::size() << ",\"process_set\":\""
-       << s.process_set << "\",\"dtype\":\"float32\"";
+       << s.process_set << "\",\"dtype\":\"float32\""
+       << ",\"arena\":" << (g_arena ? "true" : "false");
   if (reduces)
     json << ",\"reduce_op\":\"sum\"";
   if (op == Op::Broadcast)
@@ -345,11 +355,12 @@ int run_collective(Op op, const Sweep& s) {
   json << ",\"backend\":\"" << backend << "\",\"results\":[";
   if (rank == 0) {
     std::printf(
-        "# ronde %s, %d ranks, %s, over %s, median\n",
+        "# ronde %s, %d ranks, %s, over %s%s, median\n",
         op_name(op),
         n,
         describe(op),
-        backend.c_str());
+        backend.c_str(),
+        g_arena ? ", buffer in the arena" : "");
     std::printf(
         "%12s %10s %10s %10s %10s %10s",
         "bytes",
@@ -458,6 +469,8 @@ int main(int argc, char** argv) {
         s.process_set = next();
       else if (a == "--handoff")
         s.handoff = true;
+      else if (a == "--arena")
+        g_arena = true;
       else if (a == "--loop")
         s.loop = std::stoi(next());
       else
@@ -471,7 +484,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "allreduce_bench: " << e.what() << "\n"
               << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
-                 "[-n 5] [--json FILE] [--handoff] [--loop N]\n"
+                 "[-n 5] [--json FILE] [--handoff] [--loop N] [--arena]\n"
                  "                       [--op allreduce|broadcast|"
                  "allgather|reducescatter | --memcpy]\n"
                  "                       [--process-set global|all|half]\n";

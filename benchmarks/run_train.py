@@ -81,8 +81,11 @@ def main():
             # The baselines run every round too, so every mode's spread over
             # rounds is known and no mode sees a quieter machine than another.
             # ronde-gloo: the same ronde job over Gloo's TCP loopback
-            # (RONDE_SHM=0) instead of shared memory.
-            impls = (["local", "local2", "ronde", "ronde-gloo", "ddp"] +
+            # (RONDE_SHM=0) instead of shared memory. ronde-copy: shared
+            # memory without the arena (RONDE_SHM_ARENA_BYTES=0), so every
+            # bucket is copied in and out of the segments.
+            impls = (["local", "local2", "ronde", "ronde-copy", "ronde-gloo",
+                      "ddp"] +
                      [f"ronde_{c}" for c in wires])
             runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
@@ -97,11 +100,13 @@ def main():
                         continue
                     if impl == "ddp":
                         prog = ddp
-                    elif impl == "ronde-gloo":
+                    elif impl in ("ronde-gloo", "ronde-copy"):
                         prog = [bench, "--mode", "ronde"]
+                        extra = ({"RONDE_SHM": "0"} if impl == "ronde-gloo"
+                                 else {"RONDE_SHM_ARENA_BYTES": "0"})
                         runs[impl].append(run(
                             [ronderun, "-np", str(a.np), "--"] + prog + common,
-                            f"{wl}-{impl}-{r}", {"RONDE_SHM": "0"}))
+                            f"{wl}-{impl}-{r}", extra))
                         continue
                     else:
                         wire = impl.split("_")[1] if "_" in impl else "none"
@@ -115,7 +120,7 @@ def main():
                    "local_step_s": local_step, "local2_step_s": local2_step,
                    "local_steps_s": [x["step_s"] for x in runs["local"]],
                    "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
-            for impl in ("ronde", "ronde-gloo", "ddp"):
+            for impl in ("ronde", "ronde-copy", "ronde-gloo", "ddp"):
                 key = impl.replace("-", "_")
                 steps = [x["step_s"] for x in runs[impl]]
                 row[f"{key}_step_s"] = statistics.median(steps)
@@ -136,7 +141,10 @@ def main():
             row["ronde_over_ddp_per_round"] = ratios
             row["ronde_gloo_over_ddp"] = (row["ronde_gloo_step_s"] /
                                           row["ddp_step_s"])
-            for impl in ("ronde", "ddp"):
+            row["ronde_copy_over_ronde_per_round"] = [
+                c["step_s"] / z["step_s"]
+                for c, z in zip(runs["ronde-copy"], runs["ronde"])]
+            for impl in ("ronde", "ronde_copy", "ddp"):
                 # Scaling efficiency: throughput of N ranks over N x one
                 # process alone (local), and over N independent processes
                 # sharing the machine the same way (local2).
@@ -154,10 +162,14 @@ def main():
               f"{b / row['local_step_s']:>9.1f}")
         print(f"{row['workload']:>8} {'local2':>6} {row['local2_step_s'] * 1e3:>8.1f} "
               f"{a.np * b / row['local2_step_s']:>9.1f}")
-        for impl in ("ronde", "ddp"):
-            print(f"{row['workload']:>8} {impl:>6} {row[impl + '_step_s'] * 1e3:>8.1f} "
+        for impl in ("ronde", "ronde_copy", "ddp"):
+            print(f"{row['workload']:>8} {impl.replace('ronde_', 'r-'):>6} {row[impl + '_step_s'] * 1e3:>8.1f} "
                   f"{row[impl + '_samples_s']:>9.1f} {row[impl + '_eff_local']:>9.0%} "
                   f"{row[impl + '_eff_local2']:>10.0%}")
+        cr = row["ronde_copy_over_ronde_per_round"]
+        print(f"{row['workload']:>8} without the arena (RONDE_SHM_ARENA_BYTES=0) "
+              f"the step takes {row['ronde_copy_step_s'] / row['ronde_step_s']:.3f}x "
+              f"(per round {min(cr):.3f}..{max(cr):.3f})")
         rr = row["ronde_over_ddp_per_round"]
         print(f"{row['workload']:>8} {'r-gloo':>6} "
               f"{row['ronde_gloo_step_s'] * 1e3:>8.1f}")

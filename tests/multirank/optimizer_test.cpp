@@ -1,8 +1,9 @@
 // DistributedOptimizer across real processes: every optimizer, and the
 // variants (gradient accumulation, an unused parameter, two param groups, a
 // LibTorch LR scheduler, copies instead of views, copies by whole-bucket
-// concatenation and split, many small buckets), each equal to one process
-// training on the whole global batch.
+// concatenation and split, many small buckets, buckets all-reduced in
+// place in shared memory), each equal to one process training on the
+// whole global batch.
 #include "harness.h"
 
 #include <gtest/gtest.h>
@@ -69,7 +70,8 @@ INSTANTIATE_TEST_SUITE_P(
             "copywhole",
             "smallbuckets",
             "keepgrad",
-            "reload")),
+            "reload",
+            "zerocopy")),
     case_name);
 
 TEST(DistributedOptimizer, ErrorsReachEveryRank) {

@@ -12,7 +12,9 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -24,10 +26,35 @@ namespace {
 
 using namespace ronde::testing;
 
+// Whether [p, p + bytes) lies in a mapping of a file in the shared-memory
+// directory (a segment, made unnamed: "/dev/shm/#<inode> (deleted)").
+bool in_shm_segment(const void* p, size_t bytes) {
+  const char* env = std::getenv("RONDE_SHM_DIR");
+  const std::string dir = std::string(env && *env ? env : "/dev/shm") + "/";
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) != 2)
+      continue;
+    if (at >= lo && at + bytes <= hi)
+      return line.find(" " + dir) != std::string::npos;
+  }
+  return false;
+}
+
 int scenario_optim(const std::string& name, const std::string& variant) {
   // Settings are read once, at init().
   if (variant == "copywhole")
     ::setenv("RONDE_BUCKET_COPY", "whole", 1);
+  // Every bucket all-reduced without a copy: split from the first byte,
+  // pieces of a small chunk within each slice.
+  const bool zero_copy = variant == "zerocopy";
+  if (zero_copy) {
+    ::setenv("RONDE_SHM_SPLIT_BYTES", "0", 1);
+    ::setenv("RONDE_SHM_CHUNK_BYTES", "4096", 1);
+  }
   ronde::init();
   const int n = ronde::size(), r = ronde::rank();
   const bool bpps2 = variant == "bpps2";
@@ -78,7 +105,7 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   // Copies, each bucket moved by one concatenation and one split (the CUDA
   // way; RONDE_BUCKET_COPY=whole set before init()), in several buckets.
   const bool copy_whole = variant == "copywhole";
-  const bool small = variant == "smallbuckets" || copy_whole;
+  const bool small = variant == "smallbuckets" || copy_whole || zero_copy;
   ronde::DistributedOptimizer opt(
       base,
       net->named_parameters(),
@@ -151,6 +178,15 @@ int scenario_optim(const std::string& name, const std::string& variant) {
         "unused parameter got a gradient");
   }
   check_replicas_identical(mine);
+  if (zero_copy && ronde::host_backend() == "shm") {
+    for (const auto& t : opt.gradient_buffers()) {
+      CHECK_W(
+          in_shm_segment(t.data_ptr(), t.nbytes()),
+          "a bucket buffer of ",
+          t.nbytes(),
+          " bytes is not in the rank's shared-memory arena");
+    }
+  }
   std::cout << "buckets: " << opt.buckets().size() << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();

@@ -39,6 +39,13 @@ Handle reducescatter_call(
     bool blocking);
 Handle barrier_call(const ProcessSet& process_set, bool blocking);
 
+// A zeroed buffer for `numel` elements that `set` will all-reduce in
+// place, again and again (the gradient buckets): where the set's backend
+// moves it without copying it in (Communicator::shared_zeros), else plain
+// memory.
+at::Tensor bucket_zeros(
+    const ProcessSet& set, int64_t numel, const at::TensorOptions& options);
+
 // allgather_call(tensor, options, false, into).
 Handle allgather_into_async(
     const at::Tensor& tensor,

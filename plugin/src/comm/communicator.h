@@ -163,6 +163,20 @@ class Communicator {
     return 0;
   }
 
+  // A zeroed buffer of `numel` elements that this backend's all-reduce
+  // moves without copying it in (shared memory: in the rank's arena, where
+  // peers read it); nullopt where the backend has none or no room left.
+  // Any thread; the buffer may outlive the communicator. Each call learns
+  // where every rank's buffer lies (shared memory: the claims), so such a
+  // buffer is never wrong: where a peer's is in plain memory, it is only
+  // copied as any other.
+  virtual std::optional<at::Tensor> shared_zeros(
+      int64_t numel, const at::TensorOptions& options) {
+    (void)numel;
+    (void)options;
+    return std::nullopt;
+  }
+
   // Closes every connection so that peers blocked on this rank fail now
   // rather than at their timeout. The communicator is unusable afterwards.
   virtual void abort() = 0;

@@ -94,6 +94,12 @@ class RoutingCommunicator final : public Communicator {
   void barrier() override {
     host_->barrier();
   }
+  std::optional<at::Tensor> shared_zeros(
+      int64_t numel, const at::TensorOptions& options) override {
+    if (options.device().type() != c10::DeviceType::CPU)
+      return std::nullopt;
+    return host_->shared_zeros(numel, options);
+  }
   void abort() override {
     host_->abort();
     std::lock_guard<std::mutex> lock(mutex_);

@@ -4,6 +4,7 @@
 // memory, as for Gloo.
 #include "comm/communicator.h"
 #include "comm/host_types.h"
+#include "comm/shm/shm_arena.h"
 #include "comm/shm/shm_transport.h"
 #include "runtime/error_text.h"
 
@@ -145,6 +146,24 @@ class ShmCommunicator final : public Communicator {
   }
   size_t fused_capacity(size_t frame_bytes) const override {
     return transport_->fused_capacity(frame_bytes);
+  }
+
+  std::optional<at::Tensor> shared_zeros(
+      int64_t numel, const at::TensorOptions& options) override {
+    const std::shared_ptr<shm::Arena>& arena = transport_->arena();
+    if (!arena || options.device().type() != c10::DeviceType::CPU)
+      return std::nullopt;
+    const size_t bytes = static_cast<size_t>(numel) *
+        c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+    std::optional<size_t> at = arena->allocate(bytes);
+    if (!at)
+      return std::nullopt;
+    // The deleter keeps the arena mapped for as long as the buffer lives.
+    return at::from_blob(
+        arena->base() + *at,
+        {numel},
+        [arena, off = *at, bytes](void*) { arena->release(off, bytes); },
+        options.requires_grad(false));
   }
 
   void abort() override {

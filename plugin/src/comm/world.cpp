@@ -2,6 +2,9 @@
 // shutdown() must not race with collectives (documented in runtime.h).
 #include "comm/world.h"
 
+#include "comm/collective_calls.h"
+
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -73,6 +76,16 @@ Group& group_of(const ProcessSet& set, const char* caller) {
       w.rank,
       ", which is not in the set");
   return g;
+}
+
+at::Tensor bucket_zeros(
+    const ProcessSet& set, int64_t numel, const at::TensorOptions& options) {
+  Group& g = group_of(set, "bucket_zeros");
+  if (g.comm) {
+    if (std::optional<at::Tensor> t = g.comm->shared_zeros(numel, options))
+      return *t;
+  }
+  return at::zeros({numel}, options);
 }
 
 void install_world(std::unique_ptr<World> w) {

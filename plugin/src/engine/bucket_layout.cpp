@@ -60,7 +60,8 @@ BucketLayout make_layout(
     size_t first_cap,
     size_t cap,
     int64_t align,
-    bool allocate) {
+    bool allocate,
+    const BufferZeros& zeros) {
   BucketLayout layout;
   layout.slot_of.assign(params.size(), 0);
   std::vector<size_t> bytes;
@@ -87,9 +88,9 @@ BucketLayout make_layout(
     numel = align_up(numel, align);
     const at::Tensor& first = layout.slots[members.front()].param;
     if (allocate) {
-      b.buffer = at::zeros(
-          {numel + static_cast<int64_t>(members.size())},
-          first.options().requires_grad(false));
+      const int64_t total = numel + static_cast<int64_t>(members.size());
+      const at::TensorOptions options = first.options().requires_grad(false);
+      b.buffer = zeros ? zeros(total, options) : at::zeros({total}, options);
       b.flat = b.buffer.narrow(0, 0, numel);
       b.mask =
           b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,10 @@ struct BucketLayout {
 // Segments start at multiples of `align` elements, and the segments' end is
 // padded to one. Without `allocate`, buffers and views stay undefined (a
 // sharded layout whose buckets exist only while they are sent).
+// Buffers come from `zeros` when given (the set's bucket_zeros(): shared
+// memory that peers read in place), else from at::zeros.
+using BufferZeros =
+    std::function<at::Tensor(int64_t numel, const at::TensorOptions& options)>;
 BucketLayout make_layout(
     const std::vector<std::string>& names,
     const std::vector<at::Tensor>& params,
@@ -55,7 +60,8 @@ BucketLayout make_layout(
     size_t first_cap,
     size_t cap,
     int64_t align = 1,
-    bool allocate = true);
+    bool allocate = true,
+    const BufferZeros& zeros = {});
 
 // The segment of `buffer` at `offset` elements, shaped `sizes`, sharing its
 // storage.

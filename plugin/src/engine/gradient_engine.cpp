@@ -141,7 +141,8 @@ GradientEngine::GradientEngine(
       mib_bytes(sizes_.first_mb),
       mib_bytes(sizes_.fusion_mb),
       sharded_ ? kShardAlign : 1,
-      !shard_gradients_);
+      !shard_gradients_,
+      buffer_zeros());
   slot_state_.resize(layout_.slots.size());
   bucket_state_.resize(layout_.buckets.size());
   reset_locked();

@@ -179,6 +179,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   // hook; nothing if the layout would not change.
   void relayout_locked(const std::vector<size_t>& order);
   std::vector<size_t> current_order_locked() const;
+  // Where bucket buffers come from: the set's bucket_zeros(), which puts
+  // them where shared memory all-reduces them without a copy.
+  BufferZeros buffer_zeros() const;
 
   // Builds the bucket's CommBucket and runs the hook on it (comm_hooks.cpp).
   Handle launch_hooked(size_t bucket, const AllreduceOptions& options);

@@ -5,6 +5,8 @@
 // See docs/architecture.md, "One gradient, from its hook to the optimizer step"
 #include "engine/gradient_engine.h"
 
+#include "comm/collective_calls.h"
+
 #include <ronde/collectives.h>
 #include <ronde/runtime.h>
 #include <ronde/timeline.h>
@@ -131,6 +133,13 @@ void GradientEngine::after_step_locked() {
     last_step_end_ = read_clock();
 }
 
+BufferZeros GradientEngine::buffer_zeros() const {
+  return [set = options_.process_set()](
+             int64_t numel, const at::TensorOptions& options) {
+    return bucket_zeros(set, numel, options);
+  };
+}
+
 void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   const size_t first_cap = mib_bytes(sizes_.first_mb);
   const size_t cap = mib_bytes(sizes_.fusion_mb);
@@ -144,7 +153,8 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
       first_cap,
       cap,
       sharded_ ? kShardAlign : 1,
-      !shard_gradients_);
+      !shard_gradients_,
+      buffer_zeros());
   bool same = next.buckets.size() == layout_.buckets.size();
   for (size_t b = 0; same && b < next.buckets.size(); ++b) {
     same = next.buckets[b].slots.size() == layout_.buckets[b].slots.size();

@@ -105,6 +105,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_SHM_DIR",
       "RONDE_SHM_CHUNK_BYTES",
       "RONDE_SHM_SPLIT_BYTES",
+      "RONDE_SHM_ARENA_BYTES",
       kJobSecretFileVar,
       "RONDE_CHECKPOINT_KEY_FILE",
       kElasticMinRanksVar,
@@ -172,6 +173,8 @@ Settings read_settings(const EnvLookup& env) {
   }
   if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
     s.shm_tuning.split_bytes = *split;
+  if (auto arena = byte_count(env, "RONDE_SHM_ARENA_BYTES"))
+    s.shm_tuning.arena_bytes = *arena;
   s.job_secret_file = text(env, kJobSecretFileVar);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   const std::string min_np = text(env, kElasticMinRanksVar);

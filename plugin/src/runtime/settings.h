@@ -57,7 +57,7 @@ struct Settings {
   // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.
   bool shm = true;
   // RONDE_SHM_DIR, RONDE_SHM_CHUNK_BYTES (at least
-  // ShmTuning::kMinChunkBytes), RONDE_SHM_SPLIT_BYTES.
+  // ShmTuning::kMinChunkBytes), RONDE_SHM_SPLIT_BYTES, RONDE_SHM_ARENA_BYTES.
   ShmTuning shm_tuning;
   // RONDE_JOB_SECRET_FILE: the job secret (docs/security.md); empty: the
   // job is not authenticated.

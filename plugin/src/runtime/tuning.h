@@ -29,6 +29,10 @@ struct ShmTuning {
   // All-reduces from this size reduce-scatter and all-gather in memory;
   // below it one sync of everyone reducing everything is cheaper.
   size_t split_bytes = size_t{1} << 20;
+  // Each rank's arena for buffers that peers read where they lie (the
+  // gradient buckets): address space only, until a buffer reserves its
+  // pages. 0: no arena, every all-reduce copies through the slots.
+  size_t arena_bytes = size_t{16} << 30;
 };
 
 // The host backend across hosts (RONDE_GLOO_*).

@@ -50,6 +50,8 @@ std::string segment_name(const std::string& nonce, int rank) {
 Segment::~Segment() {
   if (base != nullptr)
     ::munmap(base, bytes);
+  if (arena != nullptr)
+    ::munmap(arena, arena_bytes);
   if (!path.empty())
     ::unlink(path.c_str());
   if (fd >= 0)
@@ -117,6 +119,13 @@ std::string create_segment(
   if (rc != 0) {
     return "cannot reserve " + need + " in " + o.dir + ": " + errno_text(rc);
   }
+  // The arena is a hole until buffers reserve parts of it (shm_arena.h).
+  if (o.arena_bytes > 0 &&
+      ::ftruncate(fd, static_cast<off_t>(arena_offset(o.chunk_bytes) +
+                                         o.arena_bytes)) != 0) {
+    return "cannot size an arena of " + mib(o.arena_bytes) + " in " + o.dir +
+           " (RONDE_SHM_ARENA_BYTES): " + errno_text(errno);
+  }
   void* base =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED)
@@ -128,6 +137,7 @@ std::string create_segment(
   c->size = o.size;
   c->pid = static_cast<int32_t>(::getpid());
   c->chunk_bytes = o.chunk_bytes;
+  c->arena_bytes = o.arena_bytes;
   std::memcpy(
       c->nonce, nonce.data(), std::min(nonce.size(), sizeof(c->nonce) - 1));
   if (!named) {
@@ -159,7 +169,7 @@ std::string open_segment(
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
-      static_cast<size_t>(st.st_size) != bytes) {
+      static_cast<size_t>(st.st_size) < bytes) {
     return path + " is not a private segment of this user of " +
            std::to_string(bytes) + " bytes";
   }
@@ -175,6 +185,26 @@ std::string open_segment(
       std::strncmp(c->nonce, nonce.c_str(), sizeof(c->nonce)) != 0) {
     return path + " does not hold rank " + std::to_string(peer) +
            "'s segment of this job";
+  }
+  // The peer's arena, of the size the peer chose; none when it has none.
+  const size_t arena = c->arena_bytes;
+  const size_t at = arena_offset(o.chunk_bytes);
+  if (static_cast<size_t>(st.st_size) != (arena > 0 ? at + arena : bytes))
+    return path + " is not a private segment of this user of " +
+           std::to_string(arena > 0 ? at + arena : bytes) + " bytes";
+  if (arena > 0) {
+    void* a = ::mmap(
+        nullptr,
+        arena,
+        PROT_READ,
+        MAP_SHARED | MAP_NORESERVE,
+        fd,
+        static_cast<off_t>(at));
+    if (a == MAP_FAILED)
+      return "cannot map rank " + std::to_string(peer) + "'s arena of " +
+             mib(arena) + " (RONDE_SHM_ARENA_BYTES): " + errno_text(errno);
+    seg.arena = a;
+    seg.arena_bytes = arena;
   }
   return "";
 }

@@ -16,12 +16,13 @@ namespace ronde::detail::shm {
 
 // The identity every segment starts with; a peer checks it before use.
 constexpr uint64_t kMagic = 0x316d73656472'6f72;  // "rondesm1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 // The control block's bytes at the head of a segment; the areas follow.
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kLine = 64;  // a cache line: counters never share one
 
 enum State : uint32_t { kLive = 0, kAborted = 1, kClosed = 2 };
+constexpr uint64_t kNoClaim = ~uint64_t{0};
 enum CounterId : int { kPosted = 0, kReduced = 1, kConsumed = 2 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -46,13 +47,24 @@ struct Control {
   alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
   std::atomic<uint32_t> sleepers{0};
   std::atomic<uint32_t> state{kLive};
+  // The owner's arena (shm_arena.h): its bytes, after the areas at
+  // arena_offset(); 0 when it has none.
+  uint64_t arena_bytes = 0;
+  // claims[s]: where in the owner's arena its input of the split
+  // all-reduce step using slot s lies, or kNoClaim when it is in the input
+  // area. Written before `posted`, read by peers after it.
+  alignas(kLine) std::atomic<uint64_t> claims[2] = {{kNoClaim}, {kNoClaim}};
 };
 static_assert(sizeof(Control) <= kControlBytes);
 
 struct Segment {
   int fd = -1;
-  void* base = nullptr;
+  void* base = nullptr;  // the control block and the areas
   size_t bytes = 0;
+  // A peer's arena, mapped apart from the areas; the owner maps its own
+  // as an Arena (shm_arena.h), which may outlive the segment.
+  void* arena = nullptr;
+  size_t arena_bytes = 0;
   std::string path;  // set while this process must unlink it
 
   Segment() = default;
@@ -60,9 +72,12 @@ struct Segment {
       : fd(o.fd),
         base(o.base),
         bytes(o.bytes),
+        arena(o.arena),
+        arena_bytes(o.arena_bytes),
         path(std::move(o.path)) {
     o.fd = -1;
     o.base = nullptr;
+    o.arena = nullptr;
     o.path.clear();
   }
   Segment& operator=(Segment&&) = delete;
@@ -74,6 +89,13 @@ struct Segment {
 // Bytes of a segment whose areas hold `chunk` bytes each.
 inline size_t segment_bytes(size_t chunk) {
   return kControlBytes + 4 * chunk;
+}
+
+// Where the arena starts in a segment's file: after the areas, on a 2 MiB
+// boundary (a huge page, where the directory's mount gives them).
+inline size_t arena_offset(size_t chunk) {
+  constexpr size_t kAlign = size_t{2} << 20;
+  return (segment_bytes(chunk) + kAlign - 1) / kAlign * kAlign;
 }
 
 // Whether the owner of the segment open as `fd` still lives (it holds its

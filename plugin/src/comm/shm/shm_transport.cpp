@@ -8,10 +8,12 @@
 // consumed it two steps earlier. Counters are release/acquire atomics; a
 // wait spins, then sleeps on the peer's futex word and looks for a dead
 // peer, an interrupt and the timeout.
+// The all-reduces are in shm_allreduce.cpp.
 // See docs/shared_memory.md, "Steps" and "Waiting".
 #include "comm/shm/shm_transport.h"
 
 #include "comm/shm/reduce_n.h"
+#include "comm/shm/shm_arena.h"
 #include "comm/shm/shm_segment.h"
 
 #include <linux/futex.h>
@@ -74,16 +76,6 @@ inline void cpu_relax() {
 #endif
 }
 
-// Range of a step's elements that rank r reduces in a split all-reduce:
-// equal slices rounded to whole cache lines.
-std::pair<size_t, size_t> slice_of(int r, int n, size_t m, size_t esz) {
-  const size_t line = std::max<size_t>(1, kLine / esz);
-  size_t per = (m + n - 1) / n;
-  per = (per + line - 1) / line * line;
-  const size_t lo = std::min(m, per * r);
-  return {lo, std::min(m, lo + per)};
-}
-
 size_t clamp_piece(size_t total, size_t lo, size_t cap) {
   return total > lo ? std::min(cap, total - lo) : 0;
 }
@@ -98,6 +90,9 @@ std::unique_ptr<Transport> Transport::connect(
   // rank a sub-area of a chunk, at least four cache lines each, whatever
   // the rank count, and a step never moves zero elements.
   o.chunk_bytes = std::max(o.chunk_bytes, 4 * kLine * o.size) / kLine * kLine;
+  // Whole huge pages, so that the file's size and the arena's mapping are
+  // page multiples whatever was asked.
+  o.arena_bytes = o.arena_bytes / (size_t{2} << 20) * (size_t{2} << 20);
   // Once per process, before its own segments exist: closing a descriptor
   // of a file drops this process's lock on it, so the sweep must never
   // open a segment this process owns.
@@ -112,8 +107,17 @@ std::unique_ptr<Transport> Transport::connect(
     nonce = rv.get("nonce");
   }
   std::vector<Segment> segs(static_cast<size_t>(o.size));
-  std::string problem = agree(
-      rv, "made/", o.rank, o.size, create_segment(o, nonce, segs[o.rank]));
+  std::shared_ptr<Arena> arena;
+  std::string made = create_segment(o, nonce, segs[o.rank]);
+  if (made.empty() && o.arena_bytes > 0) {
+    try {
+      arena = std::make_shared<Arena>(
+          segs[o.rank].fd, arena_offset(o.chunk_bytes), o.arena_bytes);
+    } catch (const std::exception& e) {
+      made = std::string(e.what()) + " (RONDE_SHM_ARENA_BYTES)";
+    }
+  }
+  std::string problem = agree(rv, "made/", o.rank, o.size, made);
   if (!problem.empty())
     throw Unavailable(problem);
   std::string mine;
@@ -128,10 +132,14 @@ std::unique_ptr<Transport> Transport::connect(
   // on nothing of this job is left in the directory, however it ends.
   ::unlink(segs[o.rank].path.c_str());
   segs[o.rank].path.clear();
-  return std::unique_ptr<Transport>(new Transport(o, std::move(segs)));
+  return std::unique_ptr<Transport>(
+      new Transport(o, std::move(segs), std::move(arena)));
 }
 
-Transport::Transport(const Options& o, std::vector<Segment> segments)
+Transport::Transport(
+    const Options& o,
+    std::vector<Segment> segments,
+    std::shared_ptr<Arena> arena)
     : rank_(o.rank),
       size_(o.size),
       chunk_(o.chunk_bytes),
@@ -139,7 +147,14 @@ Transport::Transport(const Options& o, std::vector<Segment> segments)
       timeout_(o.timeout),
       spin_(o.spin),
       segments_(std::move(segments)),
+      arena_(std::move(arena)),
+      arenas_(static_cast<size_t>(o.size)),
+      claims_(static_cast<size_t>(o.size)),
       inputs_(static_cast<size_t>(o.size)) {
+  for (int r = 0; r < size_; ++r) {
+    arenas_[r] = r == rank_ ? (arena_ ? arena_->base() : nullptr)
+                            : static_cast<const char*>(segments_[r].arena);
+  }
   // More ranks than CPUs: a spinning rank holds the CPU its peer needs.
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   yield_while_spinning_ = cpus > 0 && o.size > cpus;
@@ -297,45 +312,6 @@ void Transport::await_all(int counter, uint64_t step) {
     await((rank_ + i) % size_, counter, step);
 }
 
-void Transport::allreduce(
-    void* buf, size_t count, DType dtype, Reduction op) {
-  const ReduceNFn reduce = pick_reduce_n(dtype, op);
-  const size_t esz = dtype_size(dtype);
-  if (reduce == nullptr || esz == 0)
-    throw std::invalid_argument("ronde: shared memory cannot reduce this type");
-  const bool split = count * esz >= split_bytes_;
-  const size_t per_step = chunk_ / esz;
-  auto* data = static_cast<char*>(buf);
-  for (size_t off = 0; off < count; off += per_step) {
-    const size_t m = std::min(per_step, count - off);
-    char* dst = data + off * esz;
-    const uint64_t g = begin_step();
-    const int s = static_cast<int>(g & 1);
-    std::memcpy(area(rank_, s, false), dst, m * esz);
-    publish(kPosted, g);
-    await_all(kPosted, g);
-    if (!split) {
-      for (int r = 0; r < size_; ++r)
-        inputs_[r] = area(r, s, false);
-      reduce(dst, inputs_.data(), size_, m);
-      publish(kConsumed, g);
-      continue;
-    }
-    const auto [lo, hi] = slice_of(rank_, size_, m, esz);
-    for (int r = 0; r < size_; ++r)
-      inputs_[r] = area(r, s, false) + lo * esz;
-    reduce(area(rank_, s, true) + lo * esz, inputs_.data(), size_, hi - lo);
-    publish(kReduced, g);
-    await_all(kReduced, g);
-    for (int i = 0; i < size_; ++i) {
-      const int r = (rank_ + i) % size_;
-      const auto [a, b] = slice_of(r, size_, m, esz);
-      std::memcpy(dst + a * esz, area(r, s, true) + a * esz, (b - a) * esz);
-    }
-    publish(kConsumed, g);
-  }
-}
-
 void Transport::broadcast(void* buf, size_t bytes, int root) {
   auto* data = static_cast<char*>(buf);
   for (size_t off = 0; off < bytes; off += chunk_) {
@@ -474,57 +450,6 @@ void Transport::alltoallv(
     }
     publish(kConsumed, g);
   }
-}
-
-namespace {
-
-// Where an all-reduce's input starts beside a frame: the next cache line.
-size_t after_frame(size_t frame_bytes) {
-  return (frame_bytes + kLine - 1) / kLine * kLine;
-}
-
-}  // namespace
-
-size_t Transport::fused_capacity(size_t frame_bytes) const {
-  const size_t at = after_frame(frame_bytes);
-  return chunk_ > at ? chunk_ - at : 0;
-}
-
-bool Transport::exchange_frames(
-    const void* frame,
-    size_t frame_bytes,
-    void* frames,
-    void* data,
-    size_t count,
-    DType dtype,
-    Reduction op,
-    const std::function<bool(const void* frames)>& reduce_now) {
-  const size_t at = after_frame(frame_bytes);
-  const size_t esz = dtype_size(dtype);
-  const ReduceNFn reduce = pick_reduce_n(dtype, op);
-  if (reduce == nullptr || esz == 0 || at >= chunk_ ||
-      count * esz > fused_capacity(frame_bytes))
-    throw std::invalid_argument(
-        "ronde: shared memory cannot carry this all-reduce with the frames");
-  const uint64_t g = begin_step();
-  const int s = static_cast<int>(g & 1);
-  char* mine = area(rank_, s, false);
-  std::memcpy(mine, frame, frame_bytes);
-  std::memcpy(mine + at, data, count * esz);
-  publish(kPosted, g);
-  await_all(kPosted, g);
-  auto* all = static_cast<char*>(frames);
-  for (int r = 0; r < size_; ++r)
-    std::memcpy(all + r * frame_bytes, area(r, s, false), frame_bytes);
-  // The same frames on every rank: every rank reduces, or none does.
-  const bool reduced = reduce_now(frames);
-  if (reduced) {
-    for (int r = 0; r < size_; ++r)
-      inputs_[r] = area(r, s, false) + at;
-    reduce(data, inputs_.data(), size_, count);
-  }
-  publish(kConsumed, g);
-  return reduced;
 }
 
 void Transport::barrier() {

@@ -62,6 +62,7 @@ struct Failure : std::runtime_error {
 
 struct Control;
 struct Segment;
+class Arena;
 
 // Collectives take the element types and reductions of comm/dtype_table.h.
 // One thread calls them at a time; interrupt() may come from any thread.
@@ -133,8 +134,33 @@ class Transport {
   // makes every later call fail. Safe from any thread, any number of times.
   void interrupt();
 
+  // This rank's arena (shm_arena.h), null without one. A split all-reduce
+  // of a buffer inside it posts no copy: peers read it where it lies, and
+  // when every rank's buffer is in its arena, each rank reduces its slice
+  // of the whole buffer and copies the others' slices from the peers'
+  // buffers (docs/shared_memory.md, "Zero-copy buckets"). Buffers may
+  // outlive the transport; the arena lives as long as they do.
+  const std::shared_ptr<Arena>& arena() const {
+    return arena_;
+  }
+  // All-reduces done so far with every rank's buffer in its arena.
+  uint64_t zero_copy_allreduces() const {
+    return zero_copy_allreduces_;
+  }
+
  private:
-  Transport(const Options& options, std::vector<Segment> segments);
+  Transport(
+      const Options& options,
+      std::vector<Segment> segments,
+      std::shared_ptr<Arena> arena);
+  // The split all-reduce of a buffer that every rank has in its arena
+  // (claims_ from this step's control blocks): one step.
+  void allreduce_in_arenas(
+      char* dst,
+      size_t count,
+      size_t esz,
+      void (*reduce)(void*, const void* const*, int, size_t),
+      uint64_t g);
 
   Control& control(int r) const;
   char* area(int r, int slot, bool out) const;
@@ -158,6 +184,10 @@ class Transport {
   std::chrono::microseconds spin_;
   bool yield_while_spinning_;
   std::vector<Segment> segments_;  // one per rank, rank order
+  std::shared_ptr<Arena> arena_;
+  std::vector<const char*> arenas_;  // every rank's arena, null for none
+  std::vector<uint64_t> claims_;     // scratch: every rank's claim
+  uint64_t zero_copy_allreduces_ = 0;
   uint64_t step_ = 0;              // steps done, the same on every rank
   std::atomic<bool> interrupted_{false};
   std::string broken_;  // why the transport is unusable; empty while usable

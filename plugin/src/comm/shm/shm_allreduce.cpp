@@ -1,0 +1,179 @@
+// The shared-memory all-reduces (shm_transport.h): the step-by-step one,
+// whole or split, with buffers read where they lie in the arenas
+// (shm_arena.h), and the one that rides in the call check's frame step.
+// docs/shared_memory.md, "Steps" and "Zero-copy buckets".
+#include "comm/shm/shm_transport.h"
+
+#include "comm/shm/reduce_n.h"
+#include "comm/shm/shm_arena.h"
+#include "comm/shm/shm_segment.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+namespace ronde::detail::shm {
+namespace {
+
+// Range of a step's elements that rank r reduces in a split all-reduce:
+// equal slices rounded to whole cache lines.
+std::pair<size_t, size_t> slice_of(int r, int n, size_t m, size_t esz) {
+  const size_t line = std::max<size_t>(1, kLine / esz);
+  size_t per = (m + n - 1) / n;
+  per = (per + line - 1) / line * line;
+  const size_t lo = std::min(m, per * r);
+  return {lo, std::min(m, lo + per)};
+}
+
+// Where an all-reduce's input starts beside a frame: the next cache line.
+size_t after_frame(size_t frame_bytes) {
+  return (frame_bytes + kLine - 1) / kLine * kLine;
+}
+
+}  // namespace
+
+void Transport::allreduce(
+    void* buf, size_t count, DType dtype, Reduction op) {
+  const ReduceNFn reduce = pick_reduce_n(dtype, op);
+  const size_t esz = dtype_size(dtype);
+  if (reduce == nullptr || esz == 0)
+    throw std::invalid_argument("ronde: shared memory cannot reduce this type");
+  const bool split = count * esz >= split_bytes_;
+  const size_t per_step = chunk_ / esz;
+  auto* data = static_cast<char*>(buf);
+  // A split all-reduce of a buffer in this rank's arena posts no copy: the
+  // peers read it where it lies (they are done with a step's input before
+  // they publish `reduced`, and this rank writes its result after that).
+  std::optional<size_t> in_arena;
+  if (split && arena_)
+    in_arena = arena_->offset_of(data, count * esz);
+  Control& me = control(rank_);
+  for (size_t off = 0; off < count; off += per_step) {
+    const size_t m = std::min(per_step, count - off);
+    char* dst = data + off * esz;
+    const uint64_t g = begin_step();
+    const int s = static_cast<int>(g & 1);
+    if (split) {
+      me.claims[s].store(
+          in_arena ? *in_arena + off * esz : kNoClaim,
+          std::memory_order_relaxed);
+    }
+    if (!in_arena)
+      std::memcpy(area(rank_, s, false), dst, m * esz);
+    publish(kPosted, g);
+    await_all(kPosted, g);
+    if (!split) {
+      for (int r = 0; r < size_; ++r)
+        inputs_[r] = area(r, s, false);
+      reduce(dst, inputs_.data(), size_, m);
+      publish(kConsumed, g);
+      continue;
+    }
+    // Every rank reads the same claims: all decide alike.
+    bool all_claimed = true;
+    for (int r = 0; r < size_; ++r) {
+      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
+      all_claimed = all_claimed && claims_[r] != kNoClaim;
+    }
+    if (all_claimed && off == 0) {
+      allreduce_in_arenas(data, count, esz, reduce, g);
+      return;
+    }
+    const auto [lo, hi] = slice_of(rank_, size_, m, esz);
+    for (int r = 0; r < size_; ++r) {
+      const char* in = claims_[r] == kNoClaim ? area(r, s, false)
+                                              : arenas_[r] + claims_[r];
+      inputs_[r] = in + lo * esz;
+    }
+    reduce(area(rank_, s, true) + lo * esz, inputs_.data(), size_, hi - lo);
+    publish(kReduced, g);
+    await_all(kReduced, g);
+    for (int i = 0; i < size_; ++i) {
+      const int r = (rank_ + i) % size_;
+      const auto [a, b] = slice_of(r, size_, m, esz);
+      std::memcpy(dst + a * esz, area(r, s, true) + a * esz, (b - a) * esz);
+    }
+    publish(kConsumed, g);
+  }
+}
+
+void Transport::allreduce_in_arenas(
+    char* dst,
+    size_t count,
+    size_t esz,
+    void (*reduce)(void*, const void* const*, int, size_t),
+    uint64_t g) {
+  // This rank's slice of the whole buffer, from every rank's buffer in rank
+  // order, through this slot's output area (a reduction never writes into
+  // one of its own inputs), into its own buffer: peers read only their own
+  // slices of it until `reduced`.
+  ++zero_copy_allreduces_;
+  const int s = static_cast<int>(g & 1);
+  char* scratch = area(rank_, s, true);
+  const size_t piece = chunk_ / esz;
+  const auto [lo, hi] = slice_of(rank_, size_, count, esz);
+  for (size_t at = lo; at < hi; at += piece) {
+    const size_t m = std::min(piece, hi - at);
+    for (int r = 0; r < size_; ++r)
+      inputs_[r] = arenas_[r] + claims_[r] + at * esz;
+    reduce(scratch, inputs_.data(), size_, m);
+    std::memcpy(dst + at * esz, scratch, m * esz);
+  }
+  publish(kReduced, g);
+  await_all(kReduced, g);
+  for (int i = 1; i < size_; ++i) {
+    const int r = (rank_ + i) % size_;
+    const auto [a, b] = slice_of(r, size_, count, esz);
+    std::memcpy(dst + a * esz, arenas_[r] + claims_[r] + a * esz, (b - a) * esz);
+  }
+  // Peers copy this rank's slice from its buffer until they are done:
+  // the buffer is the caller's again only then.
+  publish(kConsumed, g);
+  await_all(kConsumed, g);
+}
+
+size_t Transport::fused_capacity(size_t frame_bytes) const {
+  const size_t at = after_frame(frame_bytes);
+  return chunk_ > at ? chunk_ - at : 0;
+}
+
+bool Transport::exchange_frames(
+    const void* frame,
+    size_t frame_bytes,
+    void* frames,
+    void* data,
+    size_t count,
+    DType dtype,
+    Reduction op,
+    const std::function<bool(const void* frames)>& reduce_now) {
+  const size_t at = after_frame(frame_bytes);
+  const size_t esz = dtype_size(dtype);
+  const ReduceNFn reduce = pick_reduce_n(dtype, op);
+  if (reduce == nullptr || esz == 0 || at >= chunk_ ||
+      count * esz > fused_capacity(frame_bytes))
+    throw std::invalid_argument(
+        "ronde: shared memory cannot carry this all-reduce with the frames");
+  const uint64_t g = begin_step();
+  const int s = static_cast<int>(g & 1);
+  char* mine = area(rank_, s, false);
+  std::memcpy(mine, frame, frame_bytes);
+  std::memcpy(mine + at, data, count * esz);
+  publish(kPosted, g);
+  await_all(kPosted, g);
+  auto* all = static_cast<char*>(frames);
+  for (int r = 0; r < size_; ++r)
+    std::memcpy(all + r * frame_bytes, area(r, s, false), frame_bytes);
+  // The same frames on every rank: every rank reduces, or none does.
+  const bool reduced = reduce_now(frames);
+  if (reduced) {
+    for (int r = 0; r < size_; ++r)
+      inputs_[r] = area(r, s, false) + at;
+    reduce(data, inputs_.data(), size_, count);
+  }
+  publish(kConsumed, g);
+  return reduced;
+}
+
+}  // namespace ronde::detail::shm

@@ -1,0 +1,205 @@
+// The shared-memory arena and the zero-copy all-reduce: allocation, reuse
+// and a directory without room; buffers that outlive their transport; and
+// all-reduces of buffers in the arenas (every rank's, some ranks', at
+// different offsets) equal, bit for bit, to the copying all-reduce of the
+// same values, which tests/multirank checks against references.
+#include "comm/shm/shm_arena.h"
+#include "comm/shm/shm_transport.h"
+#include "shm_job.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/mount.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace shm = ronde::detail::shm;
+using ronde::detail::DType;
+using ronde::detail::Reduction;
+using namespace ronde::testing::shm_job;
+
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+shm::Options arena_options(const Job& job, int r, int n) {
+  shm::Options o = job.options(r, n);
+  o.split_bytes = 0;  // every all-reduce splits: the arena's path
+  o.arena_bytes = 4 * kMiB;
+  return o;
+}
+
+TEST(ShmArena, AllocatesFirstFitReusesAndRefusesWhenFull) {
+  Job job;
+  job.start(1, [&](int) {
+    auto t = shm::Transport::connect(
+        arena_options(job, 0, 1), file_rendezvous(job.rv_dir));
+    shm::Arena& a = *t->arena();
+    if (a.bytes() != 4 * kMiB)
+      return 10;
+    auto x = a.allocate(100);  // one page
+    auto y = a.allocate(kMiB);
+    auto z = a.allocate(5 * kMiB);  // more than is left
+    if (!x || !y || *x != 0 || *y != 4096 || z)
+      return 11;
+    std::memset(a.base() + *x, 7, 100);
+    a.release(*x, 100);
+    // The hole is reused, and reads as zeros again.
+    auto w = a.allocate(4096);
+    if (!w || *w != 0 || a.base()[5] != 0)
+      return 12;
+    a.release(*w, 4096);
+    a.release(*y, kMiB);
+    if (a.in_use() != 0)
+      return 13;
+    // Coalesced: the whole arena in one piece again.
+    auto all = a.allocate(4 * kMiB);
+    if (!all || *all != 0 || !a.offset_of(a.base() + 8, 8) ||
+        a.offset_of(a.base() + 4 * kMiB - 4, 8))
+      return 14;
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>({0}));
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+TEST(ShmArena, DirectoryWithoutRoomRefusesTheBufferNotTheJob) {
+  Job job;
+  const std::string small = make_dir("/tmp");
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=4m,mode=0700") != 0) {
+    ::rmdir(small.c_str());
+    GTEST_SKIP() << "cannot mount a small tmpfs (needs root)";
+  }
+  job.start(1, [&](int) {
+    shm::Options o = arena_options(job, 0, 1);
+    o.dir = small;
+    o.arena_bytes = 64 * kMiB;  // address space only: larger than the mount
+    auto t = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+    // 8 MiB cannot be reserved in 4, 1 MiB can.
+    if (t->arena()->allocate(8 * kMiB))
+      return 10;
+    auto fits = t->arena()->allocate(kMiB);
+    if (!fits)
+      return 11;
+    std::memset(t->arena()->base() + *fits, 1, kMiB);  // no SIGBUS
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>({0}));
+  EXPECT_TRUE(entries(small).empty());
+  ::umount(small.c_str());
+  ::rmdir(small.c_str());
+}
+
+TEST(ShmArena, BuffersOutliveTheirTransport) {
+  Job job;
+  job.start(1, [&](int) {
+    std::shared_ptr<shm::Arena> arena;
+    size_t at = 0;
+    {
+      auto t = shm::Transport::connect(
+          arena_options(job, 0, 1), file_rendezvous(job.rv_dir));
+      arena = t->arena();
+      at = *arena->allocate(kMiB);
+    }
+    std::memset(arena->base() + at, 3, kMiB);  // still mapped
+    arena->release(at, kMiB);
+    return arena->in_use() == 0 ? 0 : 10;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>({0}));
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+// How the ranks place their buffers in one case of the test below.
+enum class Placement { All, AllShifted, OnlyRank1, None };
+
+float value(int rank, size_t i) {
+  return static_cast<float>(rank + 1) * 0.1f * static_cast<float>(i % 13) +
+         1e-3f * static_cast<float>(i % 5);
+}
+
+TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
+  Job job;
+  const int n = 3;
+  job.start(n, [&](int r) {
+    auto t = shm::Transport::connect(
+        arena_options(job, r, n), file_rendezvous(job.rv_dir));
+    shm::Arena& a = *t->arena();
+    const auto placements = {
+        Placement::All,
+        Placement::AllShifted,
+        Placement::OnlyRank1,
+        Placement::None};
+    // Around the 4096-byte chunk (1024 floats), and many chunks.
+    for (size_t count : {size_t{1}, size_t{1000}, size_t{5000}, size_t{70001}}) {
+      for (Placement p : placements) {
+        // Shifted: rank 2's buffer sits one allocation further on.
+        std::optional<size_t> pad;
+        if (p == Placement::AllShifted && r == 2)
+          pad = a.allocate(4096);
+        const bool here = p == Placement::All || p == Placement::AllShifted ||
+                          (p == Placement::OnlyRank1 && r == 1);
+        std::vector<float> plain(count), expect(count);
+        std::optional<size_t> at;
+        float* buf = plain.data();
+        if (here) {
+          at = a.allocate(count * sizeof(float));
+          if (!at)
+            return 10;
+          buf = reinterpret_cast<float*>(a.base() + *at);
+        }
+        for (size_t i = 0; i < count; ++i)
+          buf[i] = expect[i] = value(r, i);
+        const uint64_t before = t->zero_copy_allreduces();
+        t->allreduce(buf, count, DType::F32, Reduction::Sum);
+        // Without a copy exactly when every rank's buffer is in its arena.
+        const bool all = p == Placement::All || p == Placement::AllShifted;
+        if (t->zero_copy_allreduces() != before + (all ? 1 : 0))
+          return 14;
+        // The copying all-reduce of the same values: the same bits.
+        std::vector<float> copy(count);
+        for (size_t i = 0; i < count; ++i)
+          copy[i] = value(r, i);
+        t->allreduce(copy.data(), count, DType::F32, Reduction::Sum);
+        for (size_t i = 0; i < count; ++i) {
+          const float want = (value(0, i) + value(1, i)) + value(2, i);
+          if (buf[i] != want || std::memcmp(&buf[i], &copy[i], 4) != 0) {
+            std::fprintf(
+                stderr,
+                "rank %d: count %zu placement %d element %zu: %g, want %g\n",
+                r,
+                count,
+                static_cast<int>(p),
+                i,
+                buf[i],
+                want);
+            return 11;
+          }
+        }
+        if (at)
+          a.release(*at, count * sizeof(float));
+        if (pad)
+          a.release(*pad, 4096);
+      }
+    }
+    // bf16 is accumulated in float and rounded once, in the arena too.
+    const size_t count = 3000;
+    auto at = a.allocate(count * 2);
+    auto* h = reinterpret_cast<uint16_t*>(a.base() + *at);
+    std::vector<uint16_t> copy(count);
+    for (size_t i = 0; i < count; ++i)
+      h[i] = copy[i] = static_cast<uint16_t>(0x3f80 + (i % 97) + r * 3);
+    t->allreduce(h, count, DType::BF16, Reduction::Sum);
+    t->allreduce(copy.data(), count, DType::BF16, Reduction::Sum);
+    if (std::memcmp(h, copy.data(), count * 2) != 0)
+      return 12;
+    a.release(*at, count * 2);
+    t->barrier();
+    return a.in_use() == 0 ? 0 : 13;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+}  // namespace
