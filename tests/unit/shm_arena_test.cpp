@@ -1,8 +1,9 @@
 // The shared-memory arena and the zero-copy all-reduce: allocation, reuse
 // and a directory without room; buffers that outlive their transport; and
 // all-reduces of buffers in the arenas (every rank's, some ranks', at
-// different offsets) equal, bit for bit, to the copying all-reduce of the
-// same values, which tests/multirank checks against references.
+// different offsets), with and without a postscale, equal bit for bit to
+// the copying all-reduce of the same values (and a multiplication after
+// it), which tests/multirank checks against references.
 #include "comm/shm/shm_arena.h"
 #include "comm/shm/shm_transport.h"
 #include "shm_job.h"
@@ -182,6 +183,44 @@ TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
         if (pad)
           a.release(*pad, 4096);
       }
+    }
+    // A postscale is taken as x * float(scale) after the sum, as at::mul_
+    // takes it: in the arenas, through the slots, and reduced whole.
+    shm::Options o = job.options(r, n);
+    o.arena_bytes = 0;
+    auto whole = shm::Transport::connect(o, file_rendezvous(job.rv_dir, "w"));
+    const double third = 1.0 / 3.0;
+    for (Placement p : {Placement::All, Placement::None}) {
+      for (size_t count : {size_t{1000}, size_t{70001}}) {
+        std::vector<float> plain(count), copy(count), small(count);
+        std::optional<size_t> at;
+        float* buf = plain.data();
+        if (p == Placement::All) {
+          at = a.allocate(count * sizeof(float));
+          buf = reinterpret_cast<float*>(a.base() + *at);
+        }
+        for (size_t i = 0; i < count; ++i)
+          buf[i] = copy[i] = small[i] = value(r, i);
+        t->allreduce(buf, count, DType::F32, Reduction::Sum, third);
+        whole->allreduce(small.data(), count, DType::F32, Reduction::Sum, third);
+        t->allreduce(copy.data(), count, DType::F32, Reduction::Sum);
+        for (size_t i = 0; i < count; ++i) {
+          const float want = copy[i] * static_cast<float>(third);
+          if (std::memcmp(&buf[i], &want, 4) != 0 ||
+              std::memcmp(&small[i], &want, 4) != 0)
+            return 15;
+        }
+        if (at)
+          a.release(*at, count * sizeof(float));
+      }
+    }
+    std::vector<double> d(3000, r + 0.25), dcopy(d);
+    t->allreduce(d.data(), d.size(), DType::F64, Reduction::Sum, third);
+    t->allreduce(dcopy.data(), d.size(), DType::F64, Reduction::Sum);
+    for (size_t i = 0; i < d.size(); ++i) {
+      const double want = dcopy[i] * third;
+      if (std::memcmp(&d[i], &want, 8) != 0)
+        return 16;
     }
     // bf16 is accumulated in float and rounded once, in the arena too.
     const size_t count = 3000;

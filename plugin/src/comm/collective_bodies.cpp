@@ -118,7 +118,16 @@ void allreduce_work(
   } else {
     if (pre != 1.0)
       work.mul_(pre);
-    guarded(comm, c, [&] { comm.allreduce(work, backend_op(op)); });
+    guarded(comm, c, [&] {
+      // A sum's postscale taken by the backend saves a pass over memory
+      // (the engine's 1/n on every bucket); an average divides after.
+      if (op != ReduceOp::Average && post != 1.0 &&
+          comm.allreduce_scaled(work, backend_op(op), post)) {
+        post = 1.0;
+      } else {
+        comm.allreduce(work, backend_op(op));
+      }
+    });
   }
   finish_reduction(work, contributors(comm, ex), op, post);
 }

@@ -116,6 +116,17 @@ class Communicator {
 
   // Tensors are contiguous. allreduce is in place.
   virtual void allreduce(const at::Tensor& tensor, BackendOp op) = 0;
+  // allreduce() and then tensor.mul_(scale), the same bits, where the
+  // backend can scale while the result is in cache (shared memory: float
+  // and double on the host): true when it did both, false when it did
+  // neither and the caller must.
+  virtual bool allreduce_scaled(
+      const at::Tensor& tensor, BackendOp op, double scale) {
+    (void)tensor;
+    (void)op;
+    (void)scale;
+    return false;
+  }
   // out holds every rank's bytes in rank order; bytes[r] is rank r's share.
   virtual void allgather(
       const at::Tensor& in,

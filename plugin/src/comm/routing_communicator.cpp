@@ -68,6 +68,10 @@ class RoutingCommunicator final : public Communicator {
   void allreduce(const at::Tensor& t, BackendOp op) override {
     route(t).allreduce(t, op);
   }
+  bool allreduce_scaled(
+      const at::Tensor& t, BackendOp op, double scale) override {
+    return route(t).allreduce_scaled(t, op, scale);
+  }
   void allgather(
       const at::Tensor& in,
       const at::Tensor& out,

@@ -61,6 +61,21 @@ class ShmCommunicator final : public Communicator {
     });
     copy_back(tensor, h);
   }
+  bool allreduce_scaled(
+      const at::Tensor& tensor, BackendOp op, double scale) override {
+    const int dtype = checked_host_dtype(tensor, "shared-memory");
+    if (!tensor.is_cpu() || !shm::Transport::can_scale(static_cast<DType>(dtype)))
+      return false;
+    run([&](shm::Transport& t) {
+      t.allreduce(
+          tensor.data_ptr(),
+          tensor.numel(),
+          static_cast<DType>(dtype),
+          host_reduction(op),
+          scale);
+    });
+    return true;
+  }
 
   void reduce_scatter(
       const at::Tensor& in,

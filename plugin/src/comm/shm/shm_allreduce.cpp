@@ -27,6 +27,24 @@ std::pair<size_t, size_t> slice_of(int r, int n, size_t m, size_t esz) {
   return {lo, std::min(m, lo + per)};
 }
 
+// dst[i] = src[i] * scale in the element type, as at::mul_ with a scalar
+// computes it; dst may be src. Only for Transport::can_scale() types.
+void scale_copy(
+    void* dst, const void* src, size_t count, DType dtype, double scale) {
+  if (dtype == DType::F32) {
+    const float f = static_cast<float>(scale);
+    auto* d = static_cast<float*>(dst);
+    const auto* x = static_cast<const float*>(src);
+    for (size_t i = 0; i < count; ++i)
+      d[i] = x[i] * f;
+  } else {
+    auto* d = static_cast<double*>(dst);
+    const auto* x = static_cast<const double*>(src);
+    for (size_t i = 0; i < count; ++i)
+      d[i] = x[i] * scale;
+  }
+}
+
 // Where an all-reduce's input starts beside a frame: the next cache line.
 size_t after_frame(size_t frame_bytes) {
   return (frame_bytes + kLine - 1) / kLine * kLine;
@@ -35,11 +53,14 @@ size_t after_frame(size_t frame_bytes) {
 }  // namespace
 
 void Transport::allreduce(
-    void* buf, size_t count, DType dtype, Reduction op) {
+    void* buf, size_t count, DType dtype, Reduction op, double scale) {
   const ReduceNFn reduce = pick_reduce_n(dtype, op);
   const size_t esz = dtype_size(dtype);
   if (reduce == nullptr || esz == 0)
     throw std::invalid_argument("ronde: shared memory cannot reduce this type");
+  if (scale != 1.0 && !can_scale(dtype))
+    throw std::invalid_argument("ronde: shared memory cannot scale this type");
+  const bool scaled = scale != 1.0;
   const bool split = count * esz >= split_bytes_;
   const size_t per_step = chunk_ / esz;
   auto* data = static_cast<char*>(buf);
@@ -69,6 +90,8 @@ void Transport::allreduce(
         inputs_[r] = area(r, s, false);
       reduce(dst, inputs_.data(), size_, m);
       publish(kConsumed, g);
+      if (scaled)
+        scale_copy(dst, dst, m, dtype, scale);
       continue;
     }
     // Every rank reads the same claims: all decide alike.
@@ -78,7 +101,7 @@ void Transport::allreduce(
       all_claimed = all_claimed && claims_[r] != kNoClaim;
     }
     if (all_claimed && off == 0) {
-      allreduce_in_arenas(data, count, esz, reduce, g);
+      allreduce_in_arenas(data, count, esz, reduce, scale, dtype, g);
       return;
     }
     const auto [lo, hi] = slice_of(rank_, size_, m, esz);
@@ -87,7 +110,11 @@ void Transport::allreduce(
                                               : arenas_[r] + claims_[r];
       inputs_[r] = in + lo * esz;
     }
-    reduce(area(rank_, s, true) + lo * esz, inputs_.data(), size_, hi - lo);
+    char* out = area(rank_, s, true) + lo * esz;
+    reduce(out, inputs_.data(), size_, hi - lo);
+    // Scaled once, by the rank that reduced the slice, while it is cached.
+    if (scaled)
+      scale_copy(out, out, hi - lo, dtype, scale);
     publish(kReduced, g);
     await_all(kReduced, g);
     for (int i = 0; i < size_; ++i) {
@@ -104,6 +131,8 @@ void Transport::allreduce_in_arenas(
     size_t count,
     size_t esz,
     void (*reduce)(void*, const void* const*, int, size_t),
+    double scale,
+    DType dtype,
     uint64_t g) {
   // This rank's slice of the whole buffer, from every rank's buffer in rank
   // order, through this slot's output area (a reduction never writes into
@@ -119,7 +148,10 @@ void Transport::allreduce_in_arenas(
     for (int r = 0; r < size_; ++r)
       inputs_[r] = arenas_[r] + claims_[r] + at * esz;
     reduce(scratch, inputs_.data(), size_, m);
-    std::memcpy(dst + at * esz, scratch, m * esz);
+    if (scale != 1.0)
+      scale_copy(dst + at * esz, scratch, m, dtype, scale);
+    else
+      std::memcpy(dst + at * esz, scratch, m * esz);
   }
   publish(kReduced, g);
   await_all(kReduced, g);

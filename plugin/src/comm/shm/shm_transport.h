@@ -84,8 +84,19 @@ class Transport {
     return size_;
   }
 
-  // In place.
-  void allreduce(void* buf, size_t count, DType dtype, Reduction op);
+  // In place; then each element times `scale`, as at::mul_ computes it
+  // (in float for F32), so the bits are those of the all-reduce and a
+  // mul_ after it, without the pass over memory. A scale other than 1 only
+  // for the types of can_scale().
+  void allreduce(
+      void* buf,
+      size_t count,
+      DType dtype,
+      Reduction op,
+      double scale = 1.0);
+  static bool can_scale(DType dtype) {
+    return dtype == DType::F32 || dtype == DType::F64;
+  }
   void broadcast(void* buf, size_t bytes, int root);
   // out receives every rank's bytes in rank order; bytes[r] is rank r's.
   void allgatherv(const void* in, void* out, const size_t* bytes);
@@ -160,6 +171,8 @@ class Transport {
       size_t count,
       size_t esz,
       void (*reduce)(void*, const void* const*, int, size_t),
+      double scale,
+      DType dtype,
       uint64_t g);
 
   Control& control(int r) const;
