@@ -112,6 +112,35 @@ TEST(ShmArena, BuffersOutliveTheirTransport) {
   EXPECT_TRUE(entries(job.shm_dir).empty());
 }
 
+TEST(ShmArena, AllreducesBeyondTheZeroCopySizeAreCopied) {
+  Job job;
+  const int n = 2;
+  job.start(n, [&](int r) {
+    shm::Options o = arena_options(job, r, n);
+    o.zero_copy_bytes = 8192;  // every rank's bytes together
+    auto t = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+    shm::Arena& a = *t->arena();
+    for (size_t count : {size_t{1024}, size_t{2048}}) {
+      const size_t at = *a.allocate(count * 4);
+      auto* x = reinterpret_cast<float*>(a.base() + at);
+      for (size_t i = 0; i < count; ++i)
+        x[i] = static_cast<float>(r + i);
+      const uint64_t before = t->zero_copy_allreduces();
+      t->allreduce(x, count, DType::F32, Reduction::Sum);
+      // 2 x 4 KiB in one step; 2 x 8 KiB through the slots.
+      if (t->zero_copy_allreduces() != before + (count == 1024 ? 1 : 0))
+        return 10;
+      for (size_t i = 0; i < count; ++i) {
+        if (x[i] != static_cast<float>(2 * i + 1))
+          return 11;
+      }
+      a.release(at, count * 4);
+    }
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+}
+
 // How the ranks place their buffers in one case of the test below.
 enum class Placement { All, AllShifted, OnlyRank1, None };
 

@@ -33,6 +33,11 @@ struct ShmTuning {
   // gradient buckets): address space only, until a buffer reserves its
   // pages. 0: no arena, every all-reduce copies through the slots.
   size_t arena_bytes = size_t{16} << 30;
+  // The largest all-reduce (bytes per rank times ranks) read in place from
+  // the arenas: within the last-level cache one step without copies was
+  // 1.5x the copying all-reduce; beyond it the copies through the slots,
+  // which stay in cache, were faster (docs/shared_memory.md).
+  size_t zero_copy_bytes = size_t{16} << 20;
 };
 
 // The host backend across hosts (RONDE_GLOO_*).

@@ -144,6 +144,7 @@ Transport::Transport(
       size_(o.size),
       chunk_(o.chunk_bytes),
       split_bytes_(o.split_bytes),
+      zero_copy_bytes_(o.zero_copy_bytes),
       timeout_(o.timeout),
       spin_(o.spin),
       segments_(std::move(segments)),

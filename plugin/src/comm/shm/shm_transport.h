@@ -193,6 +193,7 @@ class Transport {
   int size_;
   size_t chunk_;
   size_t split_bytes_;
+  size_t zero_copy_bytes_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds spin_;
   bool yield_while_spinning_;
