@@ -176,7 +176,8 @@ class Communicator {
 
   // A zeroed buffer of `numel` elements that this backend's all-reduce
   // moves without copying it in (shared memory: in the rank's arena, where
-  // peers read it); nullopt where the backend has none or no room left.
+  // peers read it); nullopt where the backend has none, would copy a
+  // buffer of that size anyway, or has no room left.
   // Any thread; the buffer may outlive the communicator. Each call learns
   // where every rank's buffer lies (shared memory: the claims), so such a
   // buffer is never wrong: where a peer's is in plain memory, it is only

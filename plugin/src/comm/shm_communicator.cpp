@@ -170,6 +170,9 @@ class ShmCommunicator final : public Communicator {
       return std::nullopt;
     const size_t bytes = static_cast<size_t>(numel) *
         c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+    // Beyond what is read in place, a buffer gains nothing in the arena.
+    if (!transport_->zero_copy_fits(bytes))
+      return std::nullopt;
     std::optional<size_t> at = arena->allocate(bytes);
     if (!at)
       return std::nullopt;

@@ -68,7 +68,7 @@ void Transport::allreduce(
   // peers read it where it lies (they are done with a step's input before
   // they publish `reduced`, and this rank writes its result after that).
   std::optional<size_t> in_arena;
-  if (split && arena_ && count * esz * size_ <= zero_copy_bytes_)
+  if (zero_copy_fits(count * esz))
     in_arena = arena_->offset_of(data, count * esz);
   Control& me = control(rank_);
   for (size_t off = 0; off < count; off += per_step) {

@@ -154,6 +154,14 @@ class Transport {
   const std::shared_ptr<Arena>& arena() const {
     return arena_;
   }
+  // Whether an all-reduce of `bytes` per rank reads the buffers in place
+  // when they are in the arenas: a split one (split_bytes and up) whose
+  // bytes of every rank together stay within zero_copy_bytes. What a
+  // buffer is worth making in the arena for.
+  bool zero_copy_fits(size_t bytes) const {
+    return arena_ && bytes >= split_bytes_ &&
+        bytes * static_cast<size_t>(size_) <= zero_copy_bytes_;
+  }
   // All-reduces done so far with every rank's buffer in its arena.
   uint64_t zero_copy_allreduces() const {
     return zero_copy_allreduces_;
