@@ -5,7 +5,8 @@ on 2 ranks through ronderun, alternating over the rounds.
 
     .venv/bin/python benchmarks/py_train_bench.py --rounds 3
 
-Prints medians and the ronde/DDP step-time ratio per workload, and writes
+Prints medians, the ronde/DDP step-time ratio per workload and each mode's
+eff_local2 (local2: two plain-torch processes at once, the floor), and writes
 benchmarks/results/py-train-<date>.json. With --worker it is one rank of
 the ronde mode (what the driver launches). --comm-hooks python adds a mode
 whose buckets go through a Python callable that all-reduces them (what a
@@ -28,11 +29,31 @@ ROOT = os.path.dirname(HERE)
 DDP = os.path.join(HERE, "ddp_train_bench.py")
 
 
-def worker(a):
+def local_worker(a, models):
+    """One process alone, plain torch, no communication: local2 runs two
+    at once, the floor two ranks on two cores could reach."""
     import torch
     import torch.nn.functional as F
 
-    import ronde.torch as rt
+    model, batch, x, y = models.make_workload(a.workload)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    samples = []
+    for s in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        if s >= a.warmup:
+            samples.append(time.perf_counter() - t0)
+    with open(a.json, "w") as f:
+        json.dump({"workload": a.workload, "mode": "local",
+                   "batch_per_rank": batch,
+                   "step_s": statistics.median(samples)}, f)
+
+
+def worker(a):
+    import torch
+    import torch.nn.functional as F
 
     # The models of the DDP baseline, so both sides train the same thing.
     spec = importlib.util.spec_from_file_location("ddp_train_bench", DDP)
@@ -41,6 +62,10 @@ def worker(a):
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if a.local:
+        return local_worker(a, models)
+    import ronde.torch as rt
+
     rt.init()
     model, batch, x, y = models.make_workload(a.workload)
     rt.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -101,7 +126,22 @@ def driver(a):
             for h in filter(None, a.comm_hooks.split(",")):
                 progs[f"ronde_{h}"] = me + ["--comm-hook", h]
             runs = {m: [] for m in progs}
+            runs["local2"] = []
             for r in range(a.rounds):
+                # local2: np independent processes at once, the slower one.
+                paths = [os.path.join(tmp, f"{wl}-local2-{r}-{i}.json")
+                         for i in range(a.np)]
+                procs = [subprocess.Popen(me + ["--local"] + common +
+                                          ["--json", x], env=env,
+                                          stdout=subprocess.DEVNULL)
+                         for x in paths]
+                if any(pr.wait() != 0 for pr in procs):
+                    raise SystemExit(f"{wl} local2 failed")
+                steps = []
+                for x in paths:
+                    with open(x) as f:
+                        steps.append(json.load(f)["step_s"])
+                runs["local2"].append({"step_s": max(steps)})
                 for mode, prog in progs.items():
                     print(f"[{wl}] round {r + 1}/{a.rounds}: {mode}",
                           file=sys.stderr)
@@ -117,10 +157,14 @@ def driver(a):
                         runs[mode].append(json.load(f))
             row = {"workload": wl, "ranks": a.np,
                    "batch_per_rank": runs["ddp"][0]["batch_per_rank"]}
-            for mode in progs:
+            for mode in list(progs) + ["local2"]:
                 steps = [x["step_s"] for x in runs[mode]]
                 row[f"{mode}_step_s"] = statistics.median(steps)
                 row[f"{mode}_steps_s"] = steps
+            for mode in progs:
+                # Over two independent processes sharing the machine alike.
+                row[f"{mode}_eff_local2"] = (row["local2_step_s"] /
+                                             row[f"{mode}_step_s"])
             row["ronde_wait_s"] = statistics.median(
                 x["wait_s"] for x in runs["ronde"])
             row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
@@ -136,12 +180,15 @@ def driver(a):
           f"{a.rounds} alternating rounds of the median of {a.steps} steps; "
           f"allocator {a.allocator}")
     print(f"{'workload':>8} {'ronde_ms':>9} {'ddp_ms':>8} {'ronde/ddp':>9} "
-          f"{'per round':>15} {'wait_ms':>8}")
+          f"{'per round':>15} {'wait_ms':>8} {'local2_ms':>9} "
+          f"{'ronde_eff':>9} {'ddp_eff':>7}")
     for row in rows:
         rr = row["ronde_over_ddp_per_round"]
         print(f"{row['workload']:>8} {row['ronde_step_s'] * 1e3:>9.1f} "
               f"{row['ddp_step_s'] * 1e3:>8.1f} {row['ronde_over_ddp']:>9.3f} "
-              f"{min(rr):>7.3f}..{max(rr):.3f} {row['ronde_wait_s'] * 1e3:>8.1f}")
+              f"{min(rr):>7.3f}..{max(rr):.3f} {row['ronde_wait_s'] * 1e3:>8.1f} "
+              f"{row['local2_step_s'] * 1e3:>9.1f} "
+              f"{row['ronde_eff_local2']:>9.0%} {row['ddp_eff_local2']:>7.0%}")
         for key in sorted(k for k in row if k.endswith("_over_ronde")):
             mode = key[:-len("_over_ronde")]
             print(f"{'':>8} {mode}: {row[mode + '_step_s'] * 1e3:.1f} ms, "
@@ -168,6 +215,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--compression", default="none")
+    p.add_argument("--local", action="store_true",
+                   help="worker: plain torch alone, no ronde (local2's half)")
     p.add_argument("--comm-hook", default="none",
                    help="worker: none, a built-in hook's name, or python")
     p.add_argument("--comm-hooks", default="",
