@@ -133,14 +133,14 @@ double bus_factor(Op op, int n) {
   return 1.0;
 }
 
-// The tensor each rank passes for a sweep size of `bytes`: allgather gets
-// bytes / n per rank, reducescatter a multiple of n elements (every rank
-// then receives the same count). Sets *total to the bytes the collective
-// moves, the larger of its input and output.
 bool g_arena = false;  // --arena
 // The set the sweep runs on (--process-set); the job by default.
 ronde::ProcessSet g_set;
 
+// The tensor each rank passes for a sweep size of `bytes`: allgather gets
+// bytes / n per rank, reducescatter a multiple of n elements (every rank
+// then receives the same count). Sets *total to the bytes the collective
+// moves, the larger of its input and output.
 at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
   int64_t count = bytes / 4;
   if (op == Op::Allgather) {

@@ -50,30 +50,15 @@ class ShmCommunicator final : public Communicator {
   }
 
   void allreduce(const at::Tensor& tensor, BackendOp op) override {
-    const int dtype = checked_host_dtype(tensor, "shared-memory");
-    at::Tensor h = host(tensor);
-    run([&](shm::Transport& t) {
-      t.allreduce(
-          h.data_ptr(),
-          h.numel(),
-          static_cast<DType>(dtype),
-          host_reduction(op));
-    });
-    copy_back(tensor, h);
+    allreduce_host(tensor, op, 1.0);
   }
   bool allreduce_scaled(
       const at::Tensor& tensor, BackendOp op, double scale) override {
-    const int dtype = checked_host_dtype(tensor, "shared-memory");
-    if (!tensor.is_cpu() || !shm::Transport::can_scale(static_cast<DType>(dtype)))
+    const auto dtype = static_cast<DType>(
+        checked_host_dtype(tensor, "shared-memory"));
+    if (!shm::Transport::can_scale(dtype))
       return false;
-    run([&](shm::Transport& t) {
-      t.allreduce(
-          tensor.data_ptr(),
-          tensor.numel(),
-          static_cast<DType>(dtype),
-          host_reduction(op),
-          scale);
-    });
+    allreduce_host(tensor, op, scale);
     return true;
   }
 
@@ -192,6 +177,22 @@ class ShmCommunicator final : public Communicator {
   }
 
  private:
+  // The all-reduce of `tensor` (staged through host memory when it is on
+  // a device), each element then times `scale`.
+  void allreduce_host(const at::Tensor& tensor, BackendOp op, double scale) {
+    const int dtype = checked_host_dtype(tensor, "shared-memory");
+    at::Tensor h = host(tensor);
+    run([&](shm::Transport& t) {
+      t.allreduce(
+          h.data_ptr(),
+          h.numel(),
+          static_cast<DType>(dtype),
+          host_reduction(op),
+          scale);
+    });
+    copy_back(tensor, h);
+  }
+
   template <typename F>
   void run(F&& fn) {
     try {
