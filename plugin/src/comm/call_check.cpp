@@ -23,7 +23,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
-#include <optional>
 #include <string>
 
 namespace ronde::detail {
@@ -85,12 +84,16 @@ FrameHeader header_of(
   return head;
 }
 
-Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
-  Frames f;
+// Reads the frames into `f`, whose vectors keep their capacity from call
+// to call: a checked call allocates nothing here.
+void read_frames(Frames& f, uint8_t* base, int n, size_t size, size_t cap) {
   f.base = base;
   f.size = size;
   f.heads.resize(n);
   f.joined.assign(n, 0);
+  f.joined_count = 0;
+  f.settled = true;
+  f.all_inline = true;
   for (int r = 0; r < n; ++r) {
     const FrameHeader& h = f.heads[r] = decode_frame_header(base + r * size, r);
     f.joined[r] = (h.flags & kFrameJoined) != 0;
@@ -100,7 +103,6 @@ Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
     f.all_inline = f.all_inline && (h.flags & kFrameInline) &&
         h.inline_bytes >= 0 && static_cast<size_t>(h.inline_bytes) <= cap;
   }
-  return f;
 }
 
 // The frames as read in the middle of the backend's step, where a fused
@@ -108,20 +110,22 @@ Frames read_frames(uint8_t* base, int n, size_t size, size_t cap) {
 struct FusedAsk {
   int n;
   size_t size, cap;
-  std::optional<Frames> read;
+  Frames* into;
+  bool read = false;
 
   // Whether the frames settle the call and every one carried its rank's
   // all-reduce input. Never throws: a bad frame answers no, and reading
   // the frames again after the step reports it.
   bool settled_and_fused(const uint8_t* base) {
     try {
-      read = read_frames(const_cast<uint8_t*>(base), n, size, cap);
+      read_frames(*into, const_cast<uint8_t*>(base), n, size, cap);
+      read = true;
     } catch (...) {
       return false;
     }
-    if (!read->settled || read->joined_count > 0)
+    if (!into->settled || into->joined_count > 0)
       return false;
-    for (const FrameHeader& h : read->heads) {
+    for (const FrameHeader& h : into->heads) {
       if ((h.flags & kFrameFused) == 0)
         return false;
     }
@@ -131,7 +135,8 @@ struct FusedAsk {
 
 // Sends this rank's frame and receives every rank's; with `fused`, the
 // backend may all-reduce the call's payload in the same exchange (*reduced).
-Frames exchange_frames(
+// The frames are this thread's, reused by its next call.
+const Frames& exchange_frames(
     Communicator& comm,
     const FrameHeader& head,
     const Call& call,
@@ -144,16 +149,13 @@ Frames exchange_frames(
   // This thread's buffers, reused: the body reads the payloads before the
   // next job can run on this thread.
   thread_local std::vector<uint8_t> mine_buf, frames_buf;
+  thread_local Frames frames;
   mine_buf.resize(size);
   frames_buf.resize(size * n);
   const bool carried = (head.flags & kFrameInline) && head.inline_bytes > 0;
   encode_frame(
       head, carried ? payload.data_ptr() : nullptr, mine_buf.data(), size);
-  at::Tensor mine = at::from_blob(
-      mine_buf.data(), {static_cast<int64_t>(size)}, at::kByte);
-  at::Tensor frames = at::from_blob(
-      frames_buf.data(), {static_cast<int64_t>(size) * n}, at::kByte);
-  FusedAsk ask{n, size, cap, std::nullopt};
+  FusedAsk ask{n, size, cap, &frames};
   Communicator::FusedAllreduce job;
   if (fused) {
     job.work = payload;
@@ -162,10 +164,12 @@ Frames exchange_frames(
       return a->settled_and_fused(all);
     };
   }
-  *reduced = comm.exchange_frames(mine, frames, fused ? &job : nullptr);
-  if (ask.read)  // the frames the backend's question already read
-    return std::move(*ask.read);
-  return read_frames(frames_buf.data(), n, size, cap);
+  *reduced = comm.exchange_frames(
+      mine_buf.data(), size, frames_buf.data(), fused ? &job : nullptr);
+  // Unless the backend's question already read them.
+  if (!ask.read)
+    read_frames(frames, frames_buf.data(), n, size, cap);
+  return frames;
 }
 
 // Records who joined since the last checked call (the highest of them is
@@ -290,6 +294,9 @@ void agree_on_descriptors(
     Exchanged& ex) {
   const int n = comm.size();
   if (f.settled) {
+    // An all-reduce done in the exchange needs no descriptors.
+    if (ex.reduced)
+      return;
     // Every rank made the same call as this one but for a ragged dim 0.
     ex.all.assign(n, call.desc);
     for (int r = 0; r < n; ++r) {
@@ -321,7 +328,7 @@ Exchanged check_call(Communicator& comm, Group& g, const Call& call) {
   const bool fused = fusable(comm, call, sizeof(FrameHeader) + cap);
   const FrameHeader head = header_of(call, g.verified_calls, cap, fused);
   Exchanged ex;
-  const Frames frames =
+  const Frames& frames =
       exchange_frames(comm, head, call, cap, fused, &ex.reduced);
   if (track_join(g.join, frames, ex))
     return ex;

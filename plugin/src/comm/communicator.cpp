@@ -21,10 +21,15 @@ void Communicator::reduce_scatter(
 }
 
 bool Communicator::exchange_frames(
-    const at::Tensor& mine,
-    const at::Tensor& frames,
+    const uint8_t* mine,
+    size_t frame_bytes,
+    uint8_t* frames,
     const FusedAllreduce* /*fused*/) {
-  allgather(mine, frames, std::vector<size_t>(size(), mine.nbytes()));
+  const auto bytes = static_cast<int64_t>(frame_bytes);
+  allgather(
+      at::from_blob(const_cast<uint8_t*>(mine), {bytes}, at::kByte),
+      at::from_blob(frames, {bytes * size()}, at::kByte),
+      std::vector<size_t>(size(), frame_bytes));
   return false;
 }
 

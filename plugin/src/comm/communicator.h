@@ -150,9 +150,11 @@ class Communicator {
       BackendOp op);
   virtual void barrier() = 0;
 
-  // The call check's frame exchange (comm/call_check.cpp): `mine` to every
-  // rank, every rank's frame (each as large as `mine`) into `frames` in rank
-  // order. `fused`, when set, is this rank's in-place all-reduce, which a
+  // The call check's frame exchange (comm/call_check.cpp): the
+  // `frame_bytes` at `mine` to every rank, every rank's frame (each as large)
+  // into `frames` in rank order. Raw bytes, not tensors: this runs on every
+  // checked call, where making tensors costs a measurable share of a small
+  // one. `fused`, when set, is this rank's in-place all-reduce, which a
   // backend may carry in the same exchange (see fused_capacity()): when
   // fused->settled(frames) holds, it reduced fused->work and returns true.
   // Every rank sees the same frames, so every rank answers alike. The
@@ -164,8 +166,9 @@ class Communicator {
     std::function<bool(const uint8_t* frames)> settled;
   };
   virtual bool exchange_frames(
-      const at::Tensor& mine,
-      const at::Tensor& frames,
+      const uint8_t* mine,
+      size_t frame_bytes,
+      uint8_t* frames,
       const FusedAllreduce* fused);
   // The bytes of an all-reduce that exchange_frames() can carry beside
   // frames of `frame_bytes`; 0 where it carries none.

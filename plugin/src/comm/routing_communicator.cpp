@@ -42,10 +42,11 @@ class RoutingCommunicator final : public Communicator {
     return host_->prefers_inline_payloads();  // the check is a host call
   }
   bool exchange_frames(
-      const at::Tensor& mine,
-      const at::Tensor& frames,
+      const uint8_t* mine,
+      size_t frame_bytes,
+      uint8_t* frames,
       const FusedAllreduce* fused) override {
-    return host_->exchange_frames(mine, frames, fused);
+    return host_->exchange_frames(mine, frame_bytes, frames, fused);
   }
   size_t fused_capacity(size_t frame_bytes) const override {
     return host_->fused_capacity(frame_bytes);  // fused work is on the host

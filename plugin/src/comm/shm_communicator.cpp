@@ -123,17 +123,23 @@ class ShmCommunicator final : public Communicator {
   // The frames and, when every rank's frame says so, the all-reduce in the
   // same step: a small all-reduce costs one step, its check included.
   bool exchange_frames(
-      const at::Tensor& mine,
-      const at::Tensor& frames,
+      const uint8_t* mine,
+      size_t frame_bytes,
+      uint8_t* frames,
       const FusedAllreduce* fused) override {
-    if (fused == nullptr)  // the frames alone: an all-gather
-      return Communicator::exchange_frames(mine, frames, nullptr);
+    if (fused == nullptr) {  // the frames alone: an all-gather
+      run([&](shm::Transport& t) {
+        std::vector<size_t> bytes(t.size(), frame_bytes);
+        t.allgatherv(mine, frames, bytes.data());
+      });
+      return false;
+    }
     bool reduced = false;
     run([&](shm::Transport& t) {
       reduced = t.exchange_frames(
-          mine.data_ptr(),
-          mine.nbytes(),
-          frames.data_ptr(),
+          mine,
+          frame_bytes,
+          frames,
           fused->work.data_ptr(),
           fused->work.numel(),
           static_cast<DType>(checked_host_dtype(fused->work, "shared-memory")),
