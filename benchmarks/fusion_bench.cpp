@@ -1,8 +1,9 @@
 // Gradient fusion benchmark: the 161 parameter tensors of ResNet-50 (25.5M
 // parameters) reduced once per step by (a) one all-reduce per tensor, (b) one
 // flat buffer (pack, reduce, unpack), and (c) DistributedOptimizer's buckets
-// at several thresholds. Every mode runs the same backward pass that
-// produces the gradients, so modes differ only in how they communicate.
+// at several thresholds (--thresholds) and at the size the engine picks for
+// the job's path when none is given. Every mode runs the same backward pass
+// that produces the gradients, so modes differ only in how they communicate.
 // (d) with --autotune, DistributedOptimizer with autotune on, timed once its
 // search has chosen (the choice is in the JSON).
 // Run: `ronderun -np 2 fusion_bench [--steps 5] [--autotune] [--json F]`.
@@ -93,9 +94,16 @@ int main(int argc, char** argv) {
       autotune = true;
     else if (a == "--autotune-steps" && i + 1 < argc)
       trial_steps = std::stoi(argv[++i]);
+    else if (a == "--thresholds" && i + 1 < argc) {
+      thresholds.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string mb; std::getline(list, mb, ',');)
+        thresholds.push_back(std::stod(mb));
+    }
     else {
       std::cerr << "usage: fusion_bench [--steps N] [--rounds R] "
-                   "[--autotune [--autotune-steps N]] [--json FILE]\n";
+                   "[--thresholds MB,MB,...] [--autotune [--autotune-steps N]] "
+                   "[--json FILE]\n";
       return 2;
     }
   }
@@ -191,6 +199,20 @@ int main(int argc, char** argv) {
       });
     });
   }
+  // No size given: what the engine picks for this job's path.
+  double default_mb = 0;
+  modes.emplace_back("default", [&] {
+    ronde::DistributedOptimizer d(
+        std::make_shared<NoStep>(params),
+        named,
+        ronde::DistributedOptimizerOptions());
+    default_mb = d.bucket_sizing().fusion_threshold_mb;
+    return time_mode([&] {
+      d.zero_grad(false);
+      backward();
+      d.step();
+    });
+  });
   // Autotune's choice in each round (the last one reported).
   ronde::BucketSizing tuned;
   int tuning_steps = 0;
@@ -230,16 +252,16 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     double best = 1e9, per_tensor = 0, floor = 0, fallback = 0;
     std::string best_mode;
-    std::ostringstream default_name;
-    default_name << "buckets_" << ronde::kDefaultFusionThresholdMb << "MB";
     for (auto& [n, t] : results) {
       if (n == "per_tensor")
         per_tensor = t;
       if (n == "backward_only")
         floor = t;
-      if (n == default_name.str())
+      if (n == "default")
         fallback = t;
-      if (n != "backward_only" && n != "autotune" && t < best) {
+      // The best of per-tensor, the flat buffer and every fixed size.
+      if (n != "backward_only" && n != "autotune" && n != "default" &&
+          t < best) {
         best = t;
         best_mode = n;
       }
@@ -281,13 +303,13 @@ int main(int argc, char** argv) {
       // The default bucket size against the best of every fixed size and
       // per-tensor in this run.
       std::printf(
-          "# the default (%s) is %.3fx the best (%s)\n",
-          default_name.str().c_str(),
+          "# the default (%g MiB buckets on this path) is %.3fx the best "
+          "(%s)\n",
+          default_mb,
           fallback / best,
           best_mode.c_str());
-      js << ",\"default_mode\":\"" << default_name.str()
-         << "\",\"best_mode\":\"" << best_mode
-         << "\",\"default_vs_best\":" << fallback / best;
+      js << ",\"default_mb\":" << default_mb << ",\"best_mode\":\""
+         << best_mode << "\",\"default_vs_best\":" << fallback / best;
     }
     js << ",\"results\":[";
     bool first = true;

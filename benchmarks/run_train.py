@@ -38,6 +38,16 @@ def main():
     p.add_argument("--allocator", choices=["tuned", "default"], default="tuned",
                    help="tuned: glibc keeps large blocks and backs them with "
                         "huge pages (see benchmarks/README.md); default: as is")
+    p.add_argument("--bucket-mb", default="4,25",
+                   help="bucket sizes (MiB, comma-separated) each measured "
+                        "as its own ronde mode, ronde-<size>m "
+                        "(RONDE_FUSION_THRESHOLD); empty: none")
+    p.add_argument("--no-arena", action="store_true",
+                   help="add ronde-noarena: the default sizes with the "
+                        "shared-memory arena off (RONDE_SHM_ARENA_BYTES=0)")
+    p.add_argument("--autotune", action="store_true",
+                   help="add ronde-autotune: the bucket-size search on, "
+                        "timed after it has chosen (train_bench --autotune)")
     p.add_argument("--out")
     a = p.parse_args()
     bin_dir = os.path.join(a.build, "bin")
@@ -88,14 +98,24 @@ def main():
             wires = [c for c in a.compression.split(",") if c] if wl == "mlp" else []
             # The baselines run every round too, so every mode's spread over
             # rounds is known and no mode sees a quieter machine than another.
-            # ronde-gloo: the same ronde job over Gloo's TCP loopback
-            # (RONDE_SHM=0) instead of shared memory. ronde-4m: 4 MiB
-            # buckets, the size the shared-memory arena holds (all-reduced
-            # without a copy in); ronde-4m-copy: the same buckets with the
-            # arena off (RONDE_SHM_ARENA_BYTES=0).
-            impls = (["local", "local2", "ronde", "ronde-4m", "ronde-4m-copy",
-                      "ronde-gloo", "ddp"] +
-                     [f"ronde_{c}" for c in wires])
+            # Every ronde mode: (extra train_bench arguments, extra
+            # environment). ronde: the defaults; ronde-<x>m: x MiB buckets;
+            # ronde-noarena: the shared-memory arena off (buckets in private
+            # memory, copied in); ronde-autotune: the bucket-size search;
+            # ronde-gloo: Gloo's TCP loopback (RONDE_SHM=0) instead of
+            # shared memory; ronde_<wire>: gradients compressed on the wire.
+            variants = {"ronde": ([], {})}
+            for mb in [x for x in a.bucket_mb.split(",") if x]:
+                variants[f"ronde-{mb}m"] = (
+                    [], {"RONDE_FUSION_THRESHOLD": str(int(float(mb) * 2**20))})
+            if a.no_arena:
+                variants["ronde-noarena"] = ([], {"RONDE_SHM_ARENA_BYTES": "0"})
+            if a.autotune:
+                variants["ronde-autotune"] = (["--autotune"], {})
+            variants["ronde-gloo"] = ([], {"RONDE_SHM": "0"})
+            for c in wires:
+                variants[f"ronde_{c}"] = (["--compression", c], {})
+            impls = ["local", "local2"] + list(variants) + ["ddp"]
             runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
                 for impl in impls:
@@ -103,27 +123,17 @@ def main():
                     if impl == "local":
                         runs[impl].append(run([bench, "--mode", "local"] + common,
                                               f"{wl}-local-{r}"))
-                        continue
-                    if impl == "local2":
+                    elif impl == "local2":
                         runs[impl].append({"step_s": run_local2(r)})
-                        continue
-                    if impl == "ddp":
-                        prog = ddp
-                    elif impl in ("ronde-gloo", "ronde-4m", "ronde-4m-copy"):
-                        prog = [bench, "--mode", "ronde"]
-                        extra = {"RONDE_SHM": "0"} if impl == "ronde-gloo" else {
-                            "RONDE_FUSION_THRESHOLD": str(4 << 20)}
-                        if impl == "ronde-4m-copy":
-                            extra["RONDE_SHM_ARENA_BYTES"] = "0"
+                    elif impl == "ddp":
                         runs[impl].append(run(
-                            [ronderun, "-np", str(a.np), "--"] + prog + common,
-                            f"{wl}-{impl}-{r}", extra))
-                        continue
+                            [ronderun, "-np", str(a.np), "--"] + ddp + common,
+                            f"{wl}-ddp-{r}"))
                     else:
-                        wire = impl.split("_")[1] if "_" in impl else "none"
-                        prog = [bench, "--mode", "ronde", "--compression", wire]
-                    runs[impl].append(run([ronderun, "-np", str(a.np), "--"] + prog + common,
-                                          f"{wl}-{impl}-{r}"))
+                        args, extra = variants[impl]
+                        runs[impl].append(run(
+                            [ronderun, "-np", str(a.np), "--", bench, "--mode",
+                             "ronde"] + args + common, f"{wl}-{impl}-{r}", extra))
             local_step = statistics.median(x["step_s"] for x in runs["local"])
             local2_step = statistics.median(x["step_s"] for x in runs["local2"])
             batch = runs["local"][0]["batch_per_rank"]
@@ -131,13 +141,29 @@ def main():
                    "local_step_s": local_step, "local2_step_s": local2_step,
                    "local_steps_s": [x["step_s"] for x in runs["local"]],
                    "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
-            for impl in ("ronde", "ronde-4m", "ronde-4m-copy", "ronde-gloo",
-                         "ddp"):
+            modes = [m for m in variants if not m.startswith("ronde_")] + ["ddp"]
+            for impl in modes:
                 key = impl.replace("-", "_")
                 steps = [x["step_s"] for x in runs[impl]]
                 row[f"{key}_step_s"] = statistics.median(steps)
                 row[f"{key}_steps_s"] = steps
-            row["ronde_wait_s"] = statistics.median(x["wait_s"] for x in runs["ronde"])
+                # Scaling efficiency: throughput of N ranks over N x one
+                # process alone (local), and over N independent processes
+                # sharing the machine the same way (local2).
+                row[f"{key}_eff_local"] = local_step / row[f"{key}_step_s"]
+                row[f"{key}_eff_local2"] = local2_step / row[f"{key}_step_s"]
+                row[f"{key}_samples_s"] = a.np * batch / row[f"{key}_step_s"]
+                if impl != "ddp":
+                    per_round = [x["step_s"] / d["step_s"]
+                                 for x, d in zip(runs[impl], runs["ddp"])]
+                    row[f"{key}_over_ddp"] = (row[f"{key}_step_s"] /
+                                              statistics.median(
+                                                  x["step_s"] for x in runs["ddp"]))
+                    row[f"{key}_over_ddp_per_round"] = per_round
+                    row[f"{key}_wait_s"] = statistics.median(
+                        x["wait_s"] for x in runs[impl])
+                    row[f"{key}_bucket_mb"] = [x.get("bucket_mb") for x in runs[impl]]
+            row["modes"] = [m.replace("-", "_") for m in modes]
             row["compression"] = {}
             for c in wires:
                 steps_c = [x["step_s"] for x in runs[f"ronde_{c}"]]
@@ -148,49 +174,31 @@ def main():
                     "baseline_wire_bytes": runs["ronde"][0]["wire_bytes"],
                     "step_over_uncompressed": [c_ / u for c_, u in zip(steps_c, [x["step_s"] for x in runs["ronde"]])],
                 }
-            ratios = [r_["step_s"] / d["step_s"] for r_, d in zip(runs["ronde"], runs["ddp"])]
-            row["ronde_over_ddp"] = row["ronde_step_s"] / row["ddp_step_s"]
-            row["ronde_over_ddp_per_round"] = ratios
-            row["ronde_gloo_over_ddp"] = (row["ronde_gloo_step_s"] /
-                                          row["ddp_step_s"])
-            row["ronde_4m_copy_over_arena_per_round"] = [
-                c["step_s"] / z["step_s"]
-                for c, z in zip(runs["ronde-4m-copy"], runs["ronde-4m"])]
-            for impl in ("ronde", "ronde_4m", "ronde_4m_copy", "ddp"):
-                # Scaling efficiency: throughput of N ranks over N x one
-                # process alone (local), and over N independent processes
-                # sharing the machine the same way (local2).
-                row[f"{impl}_eff_local"] = local_step / row[f"{impl}_step_s"]
-                row[f"{impl}_eff_local2"] = local2_step / row[f"{impl}_step_s"]
-                row[f"{impl}_samples_s"] = a.np * batch / row[f"{impl}_step_s"]
             out_rows.append(row)
     print(f"# training step, {a.np} ranks x 1 thread, median over {a.rounds} "
           f"alternating rounds of the median of {a.steps} steps; allocator {a.allocator}")
-    print(f"{'workload':>8} {'mode':>6} {'step_ms':>8} {'samples/s':>9} "
-          f"{'eff_local':>9} {'eff_local2':>10}")
+    print(f"{'workload':>8} {'mode':>14} {'step_ms':>8} {'samples/s':>9} "
+          f"{'eff_local':>9} {'eff_local2':>10} {'/ddp':>6} {'per round':>13} "
+          f"{'wait_ms':>7} {'buckets':>8}")
     for row in out_rows:
         b = row["batch_per_rank"]
-        print(f"{row['workload']:>8} {'local':>6} {row['local_step_s'] * 1e3:>8.1f} "
+        print(f"{row['workload']:>8} {'local':>14} {row['local_step_s'] * 1e3:>8.1f} "
               f"{b / row['local_step_s']:>9.1f}")
-        print(f"{row['workload']:>8} {'local2':>6} {row['local2_step_s'] * 1e3:>8.1f} "
+        print(f"{row['workload']:>8} {'local2':>14} {row['local2_step_s'] * 1e3:>8.1f} "
               f"{a.np * b / row['local2_step_s']:>9.1f}")
-        for impl in ("ronde", "ronde_4m", "ronde_4m_copy", "ddp"):
-            print(f"{row['workload']:>8} {impl.replace('ronde_', 'r-'):>6} {row[impl + '_step_s'] * 1e3:>8.1f} "
-                  f"{row[impl + '_samples_s']:>9.1f} {row[impl + '_eff_local']:>9.0%} "
-                  f"{row[impl + '_eff_local2']:>10.0%}")
-        cr = row["ronde_4m_copy_over_arena_per_round"]
-        print(f"{row['workload']:>8} 4 MiB buckets without the arena "
-              f"(RONDE_SHM_ARENA_BYTES=0): the step takes "
-              f"{row['ronde_4m_copy_step_s'] / row['ronde_4m_step_s']:.3f}x "
-              f"(per round {min(cr):.3f}..{max(cr):.3f})")
-        rr = row["ronde_over_ddp_per_round"]
-        print(f"{row['workload']:>8} {'r-gloo':>6} "
-              f"{row['ronde_gloo_step_s'] * 1e3:>8.1f}")
-        print(f"{row['workload']:>8} ronde/ddp step time {row['ronde_over_ddp']:.3f} "
-              f"(per round {min(rr):.3f}..{max(rr):.3f}); ronde waits "
-              f"{row['ronde_wait_s'] * 1e3:.1f} ms per step on communication; "
-              f"over Gloo (RONDE_SHM=0) ronde/ddp "
-              f"{row['ronde_gloo_over_ddp']:.3f}")
+        for key in row["modes"]:
+            line = (f"{row['workload']:>8} {key.replace('_', '-'):>14} "
+                    f"{row[key + '_step_s'] * 1e3:>8.1f} "
+                    f"{row[key + '_samples_s']:>9.1f} {row[key + '_eff_local']:>9.0%} "
+                    f"{row[key + '_eff_local2']:>10.0%}")
+            if key != "ddp":
+                rr = row[key + "_over_ddp_per_round"]
+                sizes = sorted({x for x in row[key + "_bucket_mb"] if x})
+                line += (f" {row[key + '_over_ddp']:>6.3f} "
+                         f"{min(rr):>6.3f}..{max(rr):<5.3f} "
+                         f"{row[key + '_wait_s'] * 1e3:>7.1f} "
+                         f"{','.join(f'{x:g}' for x in sizes):>8}")
+            print(line)
         for c, info in row["compression"].items():
             ratios = info["step_over_uncompressed"]
             print(f"{row['workload']:>8} ronde {c} on the wire: "

@@ -4,6 +4,9 @@
 // PyTorch's DistributedDataParallel (ddp_train_bench.py, the same models).
 //   train_bench --workload mlp|cnn --mode local|ronde [--steps N] [--json F]
 //               [--device cpu|cuda] [--batch N] [--windows N] [--sync-bn]
+//               [--autotune]
+// --autotune turns the bucket-size search on and warms up until it has
+// chosen (at most 400 steps); the JSON gives the sizes the steps ran with.
 // On CUDA a step's time is a window of `steps` steps between two device
 // synchronizations, divided by `steps`; the median over --windows windows is
 // reported (tests/gpu/run_gpu_checks.sh runs local and ronde alternately).
@@ -121,6 +124,7 @@ int main(int argc, char** argv) {
   int64_t batch_arg = 0;
   // cnn: ronde's SyncBatchNorm in place of BatchNorm2d.
   bool sync_bn = false;
+  bool autotune = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -146,12 +150,14 @@ int main(int argc, char** argv) {
       windows = std::stoi(next());
     else if (a == "--sync-bn")
       sync_bn = true;
+    else if (a == "--autotune")
+      autotune = true;
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
                    "[--steps N] [--warmup N] "
                    "[--compression none|fp16|bf16|powersgdR] "
                    "[--device cpu|cuda] [--batch N] [--windows N] [--sync-bn] "
-                   "[--json FILE]\n";
+                   "[--autotune] [--json FILE]\n";
       return 2;
     }
   }
@@ -223,21 +229,31 @@ int main(int argc, char** argv) {
     dopt = std::make_unique<ronde::DistributedOptimizer>(
         base,
         model->named_parameters(),
-        ronde::DistributedOptimizerOptions().compression(wire).comm_hook(
-            powersgd_rank > 0
-                ? ronde::powersgd_hook(ronde::PowerSGDOptions()
-                                           .rank(powersgd_rank)
-                                           .start_iter(2))
-                : nullptr));
+        ronde::DistributedOptimizerOptions()
+            .compression(wire)
+            .comm_hook(
+                powersgd_rank > 0
+                    ? ronde::powersgd_hook(ronde::PowerSGDOptions()
+                                               .rank(powersgd_rank)
+                                               .start_iter(2))
+                    : nullptr)
+            .autotune(autotune));
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
   // On CUDA: `windows` windows of `steps` steps each, timed between device
   // synchronizations; on the CPU every step is a sample.
-  const int total = warmup + steps * (cuda ? windows : 1);
+  int total = warmup + steps * (cuda ? windows : 1);
   auto window_start = std::chrono::steady_clock::now();
   int64_t bytes_at_warmup = 0;
   for (int s = 0; s < total; ++s) {
+    // Warm-up lasts until the search has chosen: every rank adopts rank
+    // 0's choice at the same step, so every rank stops warming up alike.
+    if (autotune && dopt && s == warmup && !dopt->bucket_sizing().autotuned &&
+        warmup < 400) {
+      ++warmup;
+      ++total;
+    }
     if (dopt && s == warmup)
       bytes_at_warmup = dopt->comm_hook()->bytes_sent();
     if (cuda && s >= warmup && (s - warmup) % steps == 0) {
@@ -305,15 +321,24 @@ int main(int argc, char** argv) {
         world * batch / step,
         wait * 1e3);
     if (!json_path.empty()) {
-      std::ofstream(json_path)
-          << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
+      std::ofstream json(json_path);
+      json << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
           << "\",\"device\":\"" << device_name << "\",\"compression\":\""
           << compression << "\",\"ranks\":" << world
           << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
           << ",\"wait_s\":" << wait
           << ",\"samples_per_s\":" << world * batch / step
           << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
-          << ",\"sync_bn\":" << (sync_bn ? "true" : "false") << "}\n";
+          << ",\"sync_bn\":" << (sync_bn ? "true" : "false");
+      if (dopt) {
+        const ronde::BucketSizing b = dopt->bucket_sizing();
+        json << ",\"bucket_mb\":" << b.fusion_threshold_mb
+             << ",\"first_bucket_mb\":" << b.first_bucket_mb
+             << ",\"autotune\":" << (autotune ? "true" : "false")
+             << ",\"autotuned\":" << (b.autotuned ? "true" : "false")
+             << ",\"warmup_steps\":" << warmup;
+      }
+      json << "}\n";
     }
   }
   if (distributed)
