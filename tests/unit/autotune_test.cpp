@@ -46,7 +46,7 @@ TEST(Autotune, FindsTheFastestSizeWithinTheTrialBudget) {
   EXPECT_TRUE(t.done());
   EXPECT_EQ(got.fusion_mb, 32);
   EXPECT_EQ(got.first_mb, 4);
-  EXPECT_LE(trials, 15);
+  EXPECT_LE(trials, 16);
   EXPECT_EQ(trials, static_cast<int>(t.trials()));
   EXPECT_NE(t.summary().find("bucket 32 MiB, first 4 MiB"), std::string::npos)
       << t.summary();
@@ -139,6 +139,35 @@ TEST(Autotune, AGainBeyondNoiseIsTakenAndATinyOneIsNot) {
     else
       EXPECT_EQ(got, (BucketSizes{25, 1})) << t.summary();
   }
+}
+
+// The machine slows down steadily while every size costs the same: the
+// sizes measured last look slowest, which must not decide.
+TEST(Autotune, DriftAloneKeepsTheStartingSizes) {
+  Autotuner t({25, 1}, 98, 1, 5);
+  int step = 0;
+  BucketSizes got =
+      search(t, [&](const BucketSizes&) { return 1.0 + 0.01 * ++step; });
+  EXPECT_EQ(got, (BucketSizes{25, 1})) << t.summary();
+}
+
+// The machine changes level (here: becomes twice as fast) just after the
+// first trial of the starting sizes in the last phase, whatever the size:
+// the finalist's trials all come after it, but it did not win both halves.
+TEST(Autotune, AChangeOfLevelKeepsTheStartingSizes) {
+  Autotuner t({25, 1}, 98, 1, 5);
+  const BucketSizes start{25, 1};
+  bool start_seen = false, fast = false;
+  BucketSizes got = search(t, [&](const BucketSizes& s) {
+    if (s == start)
+      start_seen = true;
+    else if (start_seen)
+      fast = true;
+    return fast ? 1.0 : 2.0;
+  });
+  EXPECT_EQ(got, start) << t.summary();
+  EXPECT_NE(t.summary().find("not faster in both halves"), std::string::npos)
+      << t.summary();
 }
 
 TEST(Autotune, MannWhitneyTellsSeparatedFromMixedSamples) {

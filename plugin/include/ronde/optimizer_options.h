@@ -69,10 +69,11 @@ struct DistributedOptimizerOptions {
   // Tune fusion_threshold_mb and first_bucket_mb on the running job: from
   // the second step, trials of autotune_warmup_steps unmeasured and
   // autotune_steps_per_trial measured steps each try bucket sizes on a log2
-  // scale, then first-bucket sizes, then the two best and the starting
-  // sizes again (at most 15 trials; the starting sizes stay unless
-  // something was faster); rank 0 scores each by its median step time and
-  // every rank switches to rank 0's choice at the same step. One log line
+  // scale, then first-bucket sizes, then the best of those against the
+  // starting sizes in alternating trials (at most 16 trials; the starting
+  // sizes stay unless the best was faster beyond noise); rank 0 scores
+  // each by its median step time and every rank switches to rank 0's
+  // choice at the same step. One log line
   // gives the choice and its figures; bucket_sizing() reads it and
   // checkpoints keep it. RONDE_AUTOTUNE=1|0, when set, overrides this.
   TORCH_ARG(bool, autotune) = false;

@@ -64,9 +64,10 @@ bool Autotuner::record(double seconds) {
 }
 
 std::vector<double> Autotuner::steps_of(
-    const BucketSizes& sizes, int from) const {
+    const BucketSizes& sizes, int from, size_t first, size_t last) const {
   std::vector<double> all;
-  for (const Trial& t : history_) {
+  for (size_t i = first; i < history_.size() && i < last; ++i) {
+    const Trial& t = history_[i];
     if (t.sizes == sizes && t.phase >= from)
       all.insert(all.end(), t.seconds.begin(), t.seconds.end());
   }
@@ -78,31 +79,35 @@ double Autotuner::score(const BucketSizes& sizes) const {
 }
 
 BucketSizes Autotuner::decide() {
-  // The finalists are the sizes measured again in phase 3; the one with
-  // the lowest score faces the starting sizes.
-  const std::optional<BucketSizes> finalist = lowest([&](const Trial& t) {
-    return t.phase == 3 && !(t.sizes == start_);
-  });
-  if (!finalist || score(start_) <= score(*finalist))
+  if (finalist_ == start_) {
+    verdict_ = "the starting sizes measured best";
     return start_;
-  const BucketSizes& b = *finalist;
-  // The finalist's steps after the pick, against every starting one.
-  const std::vector<double> win = steps_of(b, 3), base = steps_of(start_);
+  }
+  // Only phase 3's steps: after the pick, start and finalist alternating.
+  const BucketSizes& b = finalist_;
+  const std::vector<double> win = steps_of(b, 3), base = steps_of(start_, 3);
+  const size_t mid = phase3_at_ + 2;  // start, finalist | finalist, start
+  const bool each_half =
+      median(steps_of(b, 3, phase3_at_, mid)) <
+          median(steps_of(start_, 3, phase3_at_, mid)) &&
+      median(steps_of(b, 3, mid)) < median(steps_of(start_, 3, mid));
   const double p = p_lower(win, base);
   const double win_ms = median(win) * 1e3, base_ms = median(base) * 1e3;
-  const bool beyond_noise =
-      p < kAutotuneAlpha && 1.0 - win_ms / base_ms >= kAutotuneMinGain;
-  char line[200];
+  const bool beyond_noise = !win.empty() && !base.empty() &&
+      p < kAutotuneAlpha && 1.0 - win_ms / base_ms >= kAutotuneMinGain &&
+      each_half;
+  char line[240];
   std::snprintf(
       line,
       sizeof(line),
       "bucket %g MiB, first %g MiB: %.1f ms after the pick, against the "
-      "starting sizes' %.1f ms (p = %.2g): %s",
+      "starting sizes' %.1f ms in the same trials (p = %.2g%s): %s",
       b.fusion_mb,
       b.first_mb,
       win_ms,
       base_ms,
       p,
+      each_half ? "" : ", not faster in both halves",
       beyond_noise ? "taken" : "within noise, the starting sizes stay");
   verdict_ = line;
   return beyond_noise ? b : start_;
@@ -138,27 +143,10 @@ void Autotuner::queue_phase2() {
 }
 
 void Autotuner::queue_phase3() {
-  // The two best distinct sizes, by score.
-  std::vector<std::pair<double, BucketSizes>> ranked;
-  for (const Trial& t : history_) {
-    bool seen = false;
-    for (auto& r : ranked)
-      seen = seen || r.second == t.sizes;
-    if (!seen)
-      ranked.push_back({score(t.sizes), t.sizes});
-  }
-  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
-    return a.first < b.first;
-  });
-  bool start_queued = false;
-  for (size_t i = 0; i < ranked.size() && i < 2; ++i) {
-    queue_.push_back(ranked[i].second);
-    start_queued = start_queued || ranked[i].second == start_;
-  }
-  // The sizes the job would have run without autotune, so that the search
-  // keeps them unless it measured something faster.
-  if (!start_queued)
-    queue_.push_back(start_);
+  // The best of phases 1 and 2 against the starting sizes, ABBA.
+  finalist_ = best();
+  if (!(finalist_ == start_))
+    queue_ = {start_, finalist_, finalist_, start_};
 }
 
 BucketSizes Autotuner::next() {
@@ -166,10 +154,12 @@ BucketSizes Autotuner::next() {
     return current_;
   while (queue_.empty() && phase_ < 4) {
     ++phase_;
-    if (phase_ == 2)
+    if (phase_ == 2) {
       queue_phase2();
-    else if (phase_ == 3)
+    } else if (phase_ == 3) {
       queue_phase3();
+      phase3_at_ = history_.size();
+    }
   }
   if (queue_.empty()) {
     done_ = true;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -28,14 +29,20 @@ struct BucketSizes {
 //     largest kept), with the first bucket at `start.first_mb`;
 //  2. the first bucket at 0.25 and 4 MiB (no larger than the bucket), with
 //     the best bucket size of phase 1;
-//  3. the two best sizes so far, measured once more, and the starting
-//     sizes (what the job runs without autotune): each is scored by the
-//     median of all its measured steps, so one noisy trial cannot decide.
-// At most 15 trials. The phase-3 finalist with the lowest score wins only
-// when its phase-3 steps, measured after it was picked (so not biased low
-// by the picking), were faster than the starting sizes' beyond noise: a
-// one-sided Mann-Whitney U test (p below kAutotuneAlpha) and a median at
-// least kAutotuneMinGain lower. Otherwise the starting sizes stay.
+//  3. the best sizes so far (the finalist) against the starting sizes
+//     (what the job runs without autotune), in four trials ordered start,
+//     finalist, finalist, start: a drift of the machine's speed over the
+//     search, or a change of level in the middle of it, falls on both
+//     alike, where measuring one after the other would credit it to the
+//     one measured later.
+// At most 16 trials. The finalist wins only when its phase-3 steps,
+// measured after it was picked (so not biased low by the picking), were
+// faster than the starting sizes' phase-3 steps beyond noise: a one-sided
+// Mann-Whitney U test (p below kAutotuneAlpha), a median at least
+// kAutotuneMinGain lower, and a lower median in each half (the first
+// start and finalist trials, and the last two). Otherwise the starting
+// sizes stay; they stay at once, without phase 3, when they were the best
+// of phases 1 and 2.
 constexpr double kAutotuneAlpha = 0.05;
 constexpr double kAutotuneMinGain = 0.01;
 
@@ -84,11 +91,16 @@ class Autotuner {
   std::optional<BucketSizes> lowest(
       const std::function<bool(const Trial&)>& among) const;
   BucketSizes best() const;
-  // The phase-3 finalist with the lowest score, when it beat the starting
-  // sizes beyond noise; else those.
+  // The finalist, when it beat the starting sizes beyond noise in phase 3;
+  // else those.
   BucketSizes decide();
-  // Every measured step with `sizes` in phase `from` or later.
-  std::vector<double> steps_of(const BucketSizes& sizes, int from = 1) const;
+  // Every measured step with `sizes` in phase `from` or later, in the
+  // trials [first, last) of the history.
+  std::vector<double> steps_of(
+      const BucketSizes& sizes,
+      int from = 1,
+      size_t first = 0,
+      size_t last = SIZE_MAX) const;
   void queue_phase2();
   void queue_phase3();
 
@@ -102,6 +114,8 @@ class Autotuner {
   std::vector<Trial> history_;
   bool done_ = false;
   std::string verdict_;  // why the choice won, once done
+  BucketSizes finalist_;  // phase 3's challenger of the starting sizes
+  size_t phase3_at_ = 0;  // the history index of phase 3's first trial
 };
 
 }  // namespace ronde::detail
