@@ -11,7 +11,9 @@ benchmarks/results/py-train-<date>.json. With --worker it is one rank of
 the ronde mode (what the driver launches). --comm-hooks python adds a mode
 whose buckets go through a Python callable that all-reduces them (what a
 Python hook costs over the C++ path: the GIL taken per bucket on the
-communication thread).
+communication thread). --autotune adds ronde_autotune: the bucket-size
+search on, its steps timed after it has chosen. Every mode beside ronde
+gets its step over ronde's and over DDP's, and its eff_local2.
 """
 import argparse
 import datetime
@@ -81,7 +83,17 @@ def worker(a):
     elif a.comm_hook != "none":
         hook["comm_hook"] = a.comm_hook  # a built-in's name
     opt = rt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                  compression=a.compression, **hook)
+                                  compression=a.compression, autotune=a.tune,
+                                  **hook)
+    warmup = a.warmup
+    if a.tune:
+        # The search is warm-up: until it has chosen (every rank adopts
+        # rank 0's choice at the same step, so all stop alike).
+        while not opt.bucket_sizing()[2] and warmup < 400:
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            warmup += 1
     samples, waits = [], []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
@@ -102,7 +114,9 @@ def worker(a):
                            "ranks": rt.size(), "batch_per_rank": batch,
                            "step_s": step, "wait_s": statistics.median(waits),
                            "samples_per_s": rt.size() * batch / step,
-                           "steps": a.steps}, f)
+                           "steps": a.steps,
+                           "bucket_mb": opt.bucket_sizing()[0],
+                           "warmup_steps": warmup}, f)
     rt.shutdown()
 
 
@@ -125,6 +139,8 @@ def driver(a):
             progs = {"ronde": me, "ddp": [sys.executable, DDP]}
             for h in filter(None, a.comm_hooks.split(",")):
                 progs[f"ronde_{h}"] = me + ["--comm-hook", h]
+            if a.autotune:
+                progs["ronde_autotune"] = me + ["--tune"]
             runs = {m: [] for m in progs}
             runs["local2"] = []
             for r in range(a.rounds):
@@ -175,6 +191,10 @@ def driver(a):
                 if mode.startswith("ronde_"):
                     row[f"{mode}_over_ronde"] = (row[f"{mode}_step_s"] /
                                                  row["ronde_step_s"])
+                    row[f"{mode}_over_ddp"] = (row[f"{mode}_step_s"] /
+                                               row["ddp_step_s"])
+                    row[f"{mode}_bucket_mb"] = [x.get("bucket_mb")
+                                                for x in runs[mode]]
             rows.append(row)
     print(f"# Python training step, {a.np} ranks x 1 thread, median over "
           f"{a.rounds} alternating rounds of the median of {a.steps} steps; "
@@ -192,7 +212,10 @@ def driver(a):
         for key in sorted(k for k in row if k.endswith("_over_ronde")):
             mode = key[:-len("_over_ronde")]
             print(f"{'':>8} {mode}: {row[mode + '_step_s'] * 1e3:.1f} ms, "
-                  f"{row[key]:.3f}x the ronde step")
+                  f"{row[key]:.3f}x the ronde step, "
+                  f"{row[mode + '_over_ddp']:.3f}x DDP's, eff_local2 "
+                  f"{row[mode + '_eff_local2']:.0%}, buckets "
+                  f"{sorted(set(row[mode + '_bucket_mb']))} MiB")
     out = a.out or os.path.join(
         HERE, "results",
         f"py-train-{datetime.date.today().isoformat()}.json")
@@ -222,6 +245,11 @@ def main():
     p.add_argument("--comm-hooks", default="",
                    help="modes added beside ronde and DDP, one per hook "
                         "(python: a Python callable that all-reduces)")
+    p.add_argument("--autotune", action="store_true",
+                   help="add ronde_autotune: the bucket-size search on, "
+                        "timed after it has chosen")
+    p.add_argument("--tune", action="store_true",
+                   help="worker: autotune on, warm up until it has chosen")
     p.add_argument("--allocator", choices=["tuned", "default"],
                    default="tuned")
     p.add_argument("--json")
