@@ -325,6 +325,20 @@ TEST(C10dBackend, ProcessGroupFromCxxStartsRondeAndRunsItsCollectives) {
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 
+// A one-rank job's checked all-reduce is done in its check: the same
+// results as the unchecked call and the reference, no exchange.
+TEST(Collectives, OneRankAllreduceRidesItsCheck) {
+  const std::string dir = ronde::testing::make_temp_dir();
+  JobSpec s = spec("fused", 1);
+  s.env["FUSED_TRACE_DIR"] = dir;
+  JobResult r = run_job(s);
+  ronde::testing::remove_temp_dir(dir);
+  ASSERT_TRUE(r.all_succeeded()) << r.dump();
+  const auto at = r.ranks[0].output.find("FUSED_CALLS: ");
+  ASSERT_NE(at, std::string::npos) << r.dump();
+  EXPECT_GT(std::atoi(r.ranks[0].output.c_str() + at + 13), 0) << r.dump();
+}
+
 TEST(Collectives, SingleProcessNeedsNoLauncher) {
   // No launcher variables at all: world size 1, no network, same results.
   JobSpec s = spec("collectives", 1);
