@@ -93,9 +93,9 @@ BucketSizes Autotuner::decide() {
       median(steps_of(b, 3, mid)) < median(steps_of(start_, 3, mid));
   const double p = p_lower(win, base);
   const double win_ms = median(win) * 1e3, base_ms = median(base) * 1e3;
-  const bool beyond_noise = !win.empty() && !base.empty() &&
-      p < kAutotuneAlpha && 1.0 - win_ms / base_ms >= kAutotuneMinGain &&
-      each_half;
+  // (p is 1 when either has no step.)
+  const bool beyond_noise = p < kAutotuneAlpha &&
+      1.0 - win_ms / base_ms >= kAutotuneMinGain && each_half;
   char line[240];
   std::snprintf(
       line,
@@ -113,13 +113,10 @@ BucketSizes Autotuner::decide() {
   return beyond_noise ? b : start_;
 }
 
-std::optional<BucketSizes> Autotuner::lowest(
-    const std::function<bool(const Trial&)>& among) const {
-  std::optional<BucketSizes> winner;
+BucketSizes Autotuner::best() const {
+  BucketSizes winner = history_.front().sizes;
   double low = -1;
   for (const Trial& t : history_) {
-    if (!among(t))
-      continue;
     const double s = score(t.sizes);
     if (s > 0 && (low < 0 || s < low)) {
       low = s;
@@ -127,11 +124,6 @@ std::optional<BucketSizes> Autotuner::lowest(
     }
   }
   return winner;
-}
-
-BucketSizes Autotuner::best() const {
-  return lowest([](const Trial&) { return true; })
-      .value_or(history_.front().sizes);
 }
 
 void Autotuner::queue_phase2() {

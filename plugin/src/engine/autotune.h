@@ -7,8 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,10 +84,8 @@ class Autotuner {
     std::vector<double> seconds;
     int phase = 1;
   };
-  // The sizes of the lowest score among the trials `among` accepts (the
-  // first of them on a tie); none when no such trial has a measured step.
-  std::optional<BucketSizes> lowest(
-      const std::function<bool(const Trial&)>& among) const;
+  // The sizes of the lowest score (the first of them on a tie; the first
+  // trial's when none has a measured step).
   BucketSizes best() const;
   // The finalist, when it beat the starting sizes beyond noise in phase 3;
   // else those.
