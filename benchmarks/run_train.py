@@ -142,6 +142,7 @@ def main():
                    "local_steps_s": [x["step_s"] for x in runs["local"]],
                    "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
             modes = [m for m in variants if not m.startswith("ronde_")] + ["ddp"]
+            ddp_step = statistics.median(x["step_s"] for x in runs["ddp"])
             for impl in modes:
                 key = impl.replace("-", "_")
                 steps = [x["step_s"] for x in runs[impl]]
@@ -156,9 +157,7 @@ def main():
                 if impl != "ddp":
                     per_round = [x["step_s"] / d["step_s"]
                                  for x, d in zip(runs[impl], runs["ddp"])]
-                    row[f"{key}_over_ddp"] = (row[f"{key}_step_s"] /
-                                              statistics.median(
-                                                  x["step_s"] for x in runs["ddp"]))
+                    row[f"{key}_over_ddp"] = row[f"{key}_step_s"] / ddp_step
                     row[f"{key}_over_ddp_per_round"] = per_round
                     row[f"{key}_wait_s"] = statistics.median(
                         x["wait_s"] for x in runs[impl])

@@ -73,9 +73,9 @@ struct DistributedOptimizerOptions {
   // starting sizes in alternating trials (at most 16 trials; the starting
   // sizes stay unless the best was faster beyond noise); rank 0 scores
   // each by its median step time and every rank switches to rank 0's
-  // choice at the same step. One log line
-  // gives the choice and its figures; bucket_sizing() reads it and
-  // checkpoints keep it. RONDE_AUTOTUNE=1|0, when set, overrides this.
+  // choice at the same step. One log line gives the choice and its
+  // figures; bucket_sizing() reads it and checkpoints keep it.
+  // RONDE_AUTOTUNE=1|0, when set, overrides this.
   TORCH_ARG(bool, autotune) = false;
   TORCH_ARG(int64_t, autotune_warmup_steps) = 1;
   TORCH_ARG(int64_t, autotune_steps_per_trial) = 5;
