@@ -1,6 +1,8 @@
 // Reductions of n inputs at once, for the shared-memory backend: out[i] =
 // in[0][i] op in[1][i] op ... op in[n-1][i], always in that order, so every
-// rank that reduces the same inputs gets the same bits. fp16 and bf16 are
+// rank that reduces the same inputs gets the same bits. The output may be
+// in[0] or in[1] (their elements are read before it is written there),
+// never another input, and not the only input. fp16 and bf16 are
 // accumulated in float over all n inputs and rounded once. Built on the
 // element kernels of the Gloo module (reduce_kernels.h); internal linkage.
 #pragma once

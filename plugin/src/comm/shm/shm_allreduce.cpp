@@ -88,6 +88,7 @@ void Transport::allreduce(
     if (!split) {
       for (int r = 0; r < size_; ++r)
         inputs_[r] = area(r, s, false);
+      inputs_[rank_] = own_input(dst, m * esz);
       reduce(dst, inputs_.data(), size_, m);
       publish(kConsumed, g);
       if (scaled)
@@ -108,7 +109,8 @@ void Transport::allreduce(
     for (int r = 0; r < size_; ++r) {
       const char* in = claims_[r] == kNoClaim ? area(r, s, false)
                                               : arenas_[r] + claims_[r];
-      inputs_[r] = in + lo * esz;
+      // Never this rank's own input area (own_input()).
+      inputs_[r] = r == rank_ ? dst + lo * esz : in + lo * esz;
     }
     char* out = area(rank_, s, true) + lo * esz;
     reduce(out, inputs_.data(), size_, hi - lo);
@@ -116,8 +118,10 @@ void Transport::allreduce(
     if (scaled)
       scale_copy(out, out, hi - lo, dtype, scale);
     publish(kReduced, g);
+    // Its own slice while it is cached, before the peers read it away.
+    std::memcpy(dst + lo * esz, out, (hi - lo) * esz);
     await_all(kReduced, g);
-    for (int i = 0; i < size_; ++i) {
+    for (int i = 1; i < size_; ++i) {
       const int r = (rank_ + i) % size_;
       const auto [a, b] = slice_of(r, size_, m, esz);
       std::memcpy(dst + a * esz, area(r, s, true) + a * esz, (b - a) * esz);
@@ -166,6 +170,15 @@ void Transport::allreduce_in_arenas(
   await_all(kConsumed, g);
 }
 
+const void* Transport::own_input(const void* data, size_t bytes) {
+  if (rank_ < 2 && size_ > 1)
+    return data;
+  own_.resize(std::max(own_.size(), bytes));
+  if (bytes > 0)  // an empty tensor's data may be null
+    std::memcpy(own_.data(), data, bytes);
+  return own_.data();
+}
+
 size_t Transport::fused_capacity(size_t frame_bytes) const {
   const size_t at = after_frame(frame_bytes);
   return chunk_ > at ? chunk_ - at : 0;
@@ -196,13 +209,16 @@ bool Transport::exchange_frames(
   publish(kPosted, g);
   await_all(kPosted, g);
   auto* all = static_cast<char*>(frames);
-  for (int r = 0; r < size_; ++r)
-    std::memcpy(all + r * frame_bytes, area(r, s, false), frame_bytes);
+  for (int r = 0; r < size_; ++r) {
+    const void* from = r == rank_ ? frame : area(r, s, false);
+    std::memcpy(all + r * frame_bytes, from, frame_bytes);
+  }
   // The same frames on every rank: every rank reduces, or none does.
   const bool reduced = reduce_now(frames);
   if (reduced) {
     for (int r = 0; r < size_; ++r)
       inputs_[r] = area(r, s, false) + at;
+    inputs_[rank_] = own_input(data, count * esz);
     reduce(data, inputs_.data(), size_, count);
   }
   publish(kConsumed, g);
