@@ -256,21 +256,39 @@ int64_t described_bytes(const Descriptor& d) {
 }
 
 uint64_t fingerprint(const Descriptor& d) {
-  // Every field before the complaint, eight bytes at a time (unused bytes
-  // are zero on every rank), a ragged call's dim 0 as zero: FNV-1a's step
-  // on words, then a final mix. Read in place: this runs on every checked
-  // call.
-  static_assert(offsetof(Descriptor, error) % sizeof(uint64_t) == 0);
+  // Every field before the complaint, eight bytes at a time, but for the
+  // words that are zero on every rank whatever the call (unused bytes are
+  // zero): the dims past ndim and the name past the word of its
+  // terminator. A ragged call's dim 0 counts as zero. FNV-1a's step on
+  // words, then a final mix. Read in place: this runs on every checked
+  // call, and a short name and few dims make it a quarter of the words.
   static_assert(offsetof(Descriptor, dims) % sizeof(uint64_t) == 0);
-  constexpr size_t words = offsetof(Descriptor, error) / sizeof(uint64_t);
-  constexpr size_t dim0_word = offsetof(Descriptor, dims) / sizeof(uint64_t);
-  const bool skip_dim0 = ragged(static_cast<OpKind>(d.kind));
+  static_assert(offsetof(Descriptor, backend) % sizeof(uint64_t) == 0);
+  static_assert(offsetof(Descriptor, name) % sizeof(uint64_t) == 0);
+  static_assert(sizeof(Descriptor::name) % sizeof(uint64_t) == 0);
+  static_assert(
+      offsetof(Descriptor, backend) + sizeof(Descriptor::backend) ==
+      offsetof(Descriptor, name));
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < words; ++i) {
-    uint64_t w = 0;
-    if (!(skip_dim0 && i == dim0_word))
-      std::memcpy(&w, reinterpret_cast<const char*>(&d) + i * 8, 8);
-    h = (h ^ w) * 0x100000001b3ull;
+  auto mix = [&h](uint64_t w) { h = (h ^ w) * 0x100000001b3ull; };
+  auto word = [](const void* at) {
+    uint64_t w;
+    std::memcpy(&w, at, sizeof(w));
+    return w;
+  };
+  const char* base = reinterpret_cast<const char*>(&d);
+  for (size_t at = 0; at < offsetof(Descriptor, dims); at += 8)
+    mix(word(base + at));
+  const int ndim = std::clamp(d.ndim, 0, kMaxDims);
+  const bool skip_dim0 = ragged(static_cast<OpKind>(d.kind));
+  for (int i = 0; i < ndim; ++i)
+    mix(i == 0 && skip_dim0 ? 0 : static_cast<uint64_t>(d.dims[i]));
+  for (size_t at = 0; at < sizeof(d.backend); at += 8)
+    mix(word(d.backend + at));
+  for (size_t at = 0; at < sizeof(d.name); at += 8) {
+    mix(word(d.name + at));
+    if (std::memchr(d.name + at, 0, 8) != nullptr)
+      break;
   }
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
