@@ -81,20 +81,20 @@ Handle allreduce_impl(
     if (o.prescale_factor() == 1.0)
       call.fused_op = backend_op(o.op());
   }
+  // Only what the body reads: a copy of the options would copy the name.
   return submit(
       std::move(call),
-      [=](Communicator& comm,
+      [tensor,
+       work,
+       in_place,
+       op = o.op(),
+       pre = o.prescale_factor(),
+       post = o.postscale_factor()](
+          Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        allreduce_work(
-            comm,
-            ex,
-            c,
-            work,
-            o.op(),
-            o.prescale_factor(),
-            o.postscale_factor());
+        allreduce_work(comm, ex, c, work, op, pre, post);
         if (in_place && !work.is_same(tensor))
           tensor.copy_(work);
         state.result = in_place ? tensor : work;

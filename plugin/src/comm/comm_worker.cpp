@@ -198,7 +198,7 @@ CommWorker::~CommWorker() {
     thread_.join();
 }
 
-Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
+Handle CommWorker::submit_ref(JobRef job, bool run_inline, std::string what) {
   auto state = std::make_shared<HandleState>();
   state->blocking_wait = blocking_wait_;
   if (executing == this) {
@@ -209,7 +209,7 @@ Handle CommWorker::submit(Job job, bool run_inline, std::string what) {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "ronde: collective submitted during shutdown()");
     if (!run_inline || busy_ || !queue_.empty()) {
-      queue_.push_back(Item{std::move(job), state, std::move(what)});
+      queue_.push_back(Item{job.take(), state, std::move(what)});
       cv_.notify_one();
       return Handle(state);
     }
@@ -235,7 +235,7 @@ WorkProgress CommWorker::progress() const {
   return progress_;
 }
 
-void CommWorker::run_nested(const Job& job, HandleState& state) {
+void CommWorker::run_nested(JobRef job, HandleState& state) {
   if (broken_) {
     state.finish(broken_);
     return;
@@ -243,7 +243,7 @@ void CommWorker::run_nested(const Job& job, HandleState& state) {
   run_job(job, state);
 }
 
-void CommWorker::run_job(const Job& job, HandleState& state) {
+void CommWorker::run_job(JobRef job, HandleState& state) {
   std::exception_ptr error;
   const CommWorker* outer = executing;
   executing = this;
@@ -274,7 +274,7 @@ void CommWorker::run_job(const Job& job, HandleState& state) {
 }
 
 void CommWorker::execute(
-    const Job& job, HandleState& state, const std::string& what) {
+    JobRef job, HandleState& state, const std::string& what) {
   if (broken_) {
     state.finish(broken_);
     return;
@@ -311,7 +311,7 @@ void CommWorker::loop() {
       queue_.pop_front();
       busy_ = true;
     }
-    execute(item.job, *item.state, item.what);
+    execute(JobRef::of(item.job), *item.state, item.what);
     std::lock_guard<std::mutex> lock(mutex_);
     busy_ = false;  // only this thread waits on cv_: nobody to wake
   }

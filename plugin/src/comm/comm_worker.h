@@ -19,6 +19,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ronde::detail {
@@ -65,6 +67,36 @@ class CommWorker {
   // A job throws ronde::CommError for a peer or network failure (which
   // breaks the communicator for good) and c10::Error for a caller's mistake.
   using Job = std::function<void(Communicator&, HandleState&)>;
+
+  // A job by reference, for the length of a submit() call: run there, it
+  // costs no Job (an allocation and a copy of its captures); queued, it is
+  // moved into one.
+  class JobRef {
+   public:
+    template <typename F>
+    static JobRef of(F& f) {
+      JobRef r;
+      r.obj_ = &f;
+      r.run_ = [](void* o, Communicator& c, HandleState& s) {
+        (*static_cast<F*>(o))(c, s);
+      };
+      r.take_ = [](void* o) { return Job(std::move(*static_cast<F*>(o))); };
+      return r;
+    }
+    void operator()(Communicator& c, HandleState& s) const {
+      run_(obj_, c, s);
+    }
+    // The job itself, moved out of the referent.
+    Job take() const {
+      return take_(obj_);
+    }
+
+   private:
+    JobRef() = default;
+    void* obj_ = nullptr;
+    void (*run_)(void*, Communicator&, HandleState&) = nullptr;
+    Job (*take_)(void*) = nullptr;
+  };
   // Queues the job. With run_inline, a job submitted while nothing is queued
   // or running runs on the caller's thread instead: a blocking collective
   // then costs no thread hand-off (two wake-ups, which dominate small
@@ -72,18 +104,23 @@ class CommWorker {
   // A job submitted by a job of this worker, on its thread (a
   // communication hook's collectives), runs at once, inside it.
   // `what` describes the job for the stall inspector ("allreduce 'x'").
-  Handle submit(Job job, bool run_inline = false, std::string what = "");
+  template <typename F>
+  Handle submit(F&& job, bool run_inline = false, std::string what = "") {
+    static_assert(!std::is_lvalue_reference_v<F>, "submit() takes the job");
+    return submit_ref(JobRef::of(job), run_inline, std::move(what));
+  }
 
   // What the worker has done, for the stall inspector.
   WorkProgress progress() const;
 
  private:
   void loop();
-  void execute(const Job& job, HandleState& state, const std::string& what);
-  void run_nested(const Job& job, HandleState& state);
+  Handle submit_ref(JobRef job, bool run_inline, std::string what);
+  void execute(JobRef job, HandleState& state, const std::string& what);
+  void run_nested(JobRef job, HandleState& state);
   // Runs the job and finishes its state, with this worker marked as the
   // thread's; a peer failure breaks the worker.
-  void run_job(const Job& job, HandleState& state);
+  void run_job(JobRef job, HandleState& state);
 
   Communicator& comm_;  // owned by the World, outlives the worker
   const bool blocking_wait_;
