@@ -24,6 +24,7 @@ constexpr size_t kLine = 64;  // a cache line: counters never share one
 enum State : uint32_t { kLive = 0, kAborted = 1, kClosed = 2 };
 constexpr uint64_t kNoClaim = ~uint64_t{0};
 enum CounterId : int { kPosted = 0, kReduced = 1, kConsumed = 2 };
+constexpr int kCounters = 3;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -43,7 +44,7 @@ struct Control {
   struct alignas(kLine) Counter {
     std::atomic<uint64_t> value{0};
   };
-  Counter counters[3];
+  Counter counters[kCounters];
   alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
   std::atomic<uint32_t> sleepers{0};
   std::atomic<uint32_t> state{kLive};

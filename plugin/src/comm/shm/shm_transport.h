@@ -217,6 +217,9 @@ class Transport {
   std::shared_ptr<Arena> arena_;
   std::vector<const char*> arenas_;  // every rank's arena, null for none
   std::vector<uint64_t> claims_;     // scratch: every rank's claim
+  // seen_[peer * kCounters + c]: the highest value of that peer's counter c
+  // this rank has loaded (with acquire); await() needs no load below it.
+  std::vector<uint64_t> seen_;
   uint64_t zero_copy_allreduces_ = 0;
   uint64_t step_ = 0;              // steps done, the same on every rank
   std::atomic<bool> interrupted_{false};
