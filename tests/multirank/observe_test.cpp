@@ -45,6 +45,14 @@ TEST(Observe, ProfilerTracesHoldRondesRanges) {
   }
 }
 
+// An asynchronous all-reduce waited on at once runs on the waiting thread
+// when the communication thread is idle; the optimizer's bucket
+// all-reduces stay on the communication thread (worker_observe.cpp).
+TEST(Observe, AWaiterRunsQueuedCollectivesButNoHookTask) {
+  JobResult r = run_job(worker_spec({"waiter_helps"}, 2));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
 TEST(Observe, MonitorReportsResourcesOverRanks) {
   const std::string dir = make_temp_dir();
   JobResult r = run_job(worker_spec({"monitor_resources", dir}, 2));

@@ -9,11 +9,14 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <thread>
 
 namespace {
 
@@ -199,6 +202,75 @@ int scenario_monitor_resources(const std::string& dir) {
   }
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
+}
+
+// Which threads ran "ronde::allreduce" ranges: the scenario's own (the
+// waiter) or another (the communication thread).
+std::thread::id g_waiter;
+std::atomic<int> g_on_waiter{0}, g_elsewhere{0};
+
+std::unique_ptr<at::ObserverContext> count_allreduce(
+    const at::RecordFunction& fn) {
+  if (std::string_view(fn.name()) == "ronde::allreduce")
+    ++(std::this_thread::get_id() == g_waiter ? g_on_waiter : g_elsewhere);
+  return nullptr;
+}
+
+// Asynchronous all-reduces waited on at once run on the waiting thread
+// when the communication thread is idle (CommWorker::help), with the
+// right results; the optimizer's buckets (communication hook tasks) never
+// do, and still overlap on the communication thread.
+int scenario_waiter_helps() {
+  ronde::init();
+  const int rank = ronde::rank(), n = ronde::size();
+  g_waiter = std::this_thread::get_id();
+  auto callback = at::addGlobalCallback(
+      at::RecordFunctionCallback(&count_allreduce)
+          .scopes({at::RecordScope::USER_SCOPE}));
+  const int calls = 200;
+  for (int i = 0; i < calls; ++i) {
+    torch::Tensor t = torch::full({1024}, static_cast<float>(rank + i));
+    ronde::allreduce_async_(
+        t, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum))
+        .wait();
+    const float want = static_cast<float>(n * i + n * (n - 1) / 2);
+    CHECK_W(
+        t.eq(want).all().item<bool>(), "call ", i, ": ", t[0].item<float>(),
+        " != ", want);
+  }
+  const int helped = g_on_waiter.load();
+  std::cout << "HELPED " << helped << " of " << calls << " on rank " << rank
+            << std::endl;
+  CHECK_W(helped > 0, "no queued all-reduce ran on the waiting thread");
+
+  torch::manual_seed(3);
+  auto model = std::make_shared<Model>();
+  ronde::DistributedOptimizer opt(
+      std::make_shared<torch::optim::SGD>(
+          model->parameters(), torch::optim::SGDOptions(0.1)),
+      model->named_parameters(),
+      ronde::DistributedOptimizerOptions()
+          .fusion_threshold_mb(0.004)
+          .first_bucket_mb(0.004));
+  g_elsewhere = 0;
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    torch::mse_loss(model->forward(torch::randn({16, 32})), torch::randn({16, 8}))
+        .backward();
+    opt.step();
+  }
+  at::removeCallback(callback);
+  CHECK_W(g_elsewhere.load() > 0, "no bucket all-reduce was seen");
+  CHECK_W(
+      g_on_waiter.load() == helped,
+      g_on_waiter.load() - helped,
+      " bucket all-reduces ran on the training thread");
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+RONDE_SCENARIO(waiter_helps) {
+  return scenario_waiter_helps();
 }
 
 RONDE_SCENARIO(profiler) {

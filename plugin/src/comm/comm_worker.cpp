@@ -60,6 +60,7 @@ bool Handle::done() const {
 
 void Handle::wait() const {
   TORCH_CHECK(state_ != nullptr, "ronde: wait() on an empty Handle");
+  detail::CommWorker::help(*state_);
   std::shared_ptr<detail::DeviceWork> device;
   {
     std::unique_lock<std::mutex> lock(state_->mutex);
@@ -196,11 +197,66 @@ CommWorker::~CommWorker() {
   cv_.notify_all();
   if (thread_.joinable())
     thread_.join();
+  // The queue is empty and every job finished: a helper still inside
+  // help() only has yet to leave.
+  std::unique_lock<std::mutex> lock(mutex_);
+  helpers_left_.wait(lock, [&] { return helpers_ == 0; });
 }
 
-Handle CommWorker::submit_ref(JobRef job, bool run_inline, std::string what) {
+void CommWorker::help(HandleState& state) {
+  CommWorker* w = nullptr;
+  {
+    // The job is not done, so its worker has not finished draining its
+    // queue: it exists, and waits in its destructor for this helper.
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (state.done || state.worker == nullptr)
+      return;
+    w = state.worker;
+    std::lock_guard<std::mutex> worker_lock(w->mutex_);
+    ++w->helpers_;
+  }
+  w->run_queued_until(state);
+  std::lock_guard<std::mutex> lock(w->mutex_);
+  --w->helpers_;
+  // Under the lock: the destructor cannot return before it is released.
+  w->helpers_left_.notify_all();
+}
+
+void CommWorker::run_queued_until(const HandleState& target) {
+  if (executing == this)
+    return;  // a job of this worker waits: it holds busy_ itself
+  for (;;) {
+    Item item;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (busy_ || queue_.empty() || queue_.front().state->worker == nullptr)
+        return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+    }
+    execute(JobRef::of(item.job), *item.state, item.what);
+    const bool mine = item.state.get() == &target;
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_ = false;
+      wake = mine && (!queue_.empty() || stopping_);
+    }
+    // What is left is the worker thread's again.
+    if (wake)
+      cv_.notify_all();
+    if (mine)
+      return;
+  }
+}
+
+Handle CommWorker::submit_ref(
+    JobRef job, bool run_inline, std::string what, bool helpable) {
   auto state = std::make_shared<HandleState>();
   state->blocking_wait = blocking_wait_;
+  if (helpable)
+    state->worker = this;
   if (executing == this) {
     run_nested(job, *state);
     return Handle(state);

@@ -26,6 +26,7 @@
 namespace ronde::detail {
 
 class Communicator;
+class CommWorker;
 class DeviceWork;
 
 struct HandleState {
@@ -41,6 +42,10 @@ struct HandleState {
   // RONDE_BLOCKING_WAIT: wait() on device work blocks the host until the
   // device finished it. Set at submit.
   bool blocking_wait = false;
+  // The worker that queued the job when a waiting thread may run it (a
+  // collective's job, not a task), set at submit; only read while `done`
+  // is false, when the worker cannot be gone (CommWorker::help()).
+  CommWorker* worker = nullptr;
   // What when_done() attached and finish() has not run yet; guarded by
   // mutex.
   std::vector<std::function<void()>> on_done;
@@ -104,23 +109,43 @@ class CommWorker {
   // A job submitted by a job of this worker, on its thread (a
   // communication hook's collectives), runs at once, inside it.
   // `what` describes the job for the stall inspector ("allreduce 'x'").
+  // `helpable`: a thread waiting on it may run it (help()); false for a
+  // task whose code is not ronde's (a communication hook's), which runs
+  // on this worker's thread (or inline) only.
   template <typename F>
-  Handle submit(F&& job, bool run_inline = false, std::string what = "") {
+  Handle submit(
+      F&& job,
+      bool run_inline = false,
+      std::string what = "",
+      bool helpable = true) {
     static_assert(!std::is_lvalue_reference_v<F>, "submit() takes the job");
-    return submit_ref(JobRef::of(job), run_inline, std::move(what));
+    return submit_ref(JobRef::of(job), run_inline, std::move(what), helpable);
   }
 
   // What the worker has done, for the stall inspector.
   WorkProgress progress() const;
 
+  // Called by a thread about to wait on `state`: while its job is queued
+  // and nothing runs, this thread runs the queued jobs, in order, up to and
+  // including that one, instead of waiting for the worker thread to wake
+  // (two wake-ups, which cost a small collective more than its work).
+  // Returns at once when the job is done or running, or another thread
+  // runs one, or a job that is not helpable comes first; the caller then
+  // waits as before.
+  static void help(HandleState& state);
+
  private:
   void loop();
-  Handle submit_ref(JobRef job, bool run_inline, std::string what);
+  Handle submit_ref(
+      JobRef job, bool run_inline, std::string what, bool helpable);
   void execute(JobRef job, HandleState& state, const std::string& what);
   void run_nested(JobRef job, HandleState& state);
   // Runs the job and finishes its state, with this worker marked as the
   // thread's; a peer failure breaks the worker.
   void run_job(JobRef job, HandleState& state);
+  // help()'s part: runs queued jobs while no one else does, until the one
+  // of `target` ran.
+  void run_queued_until(const HandleState& target);
 
   Communicator& comm_;  // owned by the World, outlives the worker
   const bool blocking_wait_;
@@ -137,6 +162,10 @@ class CommWorker {
   // A job is executing (on the worker or inline on a caller): at most one
   // at a time, so the communicator needs no lock of its own.
   bool busy_ = false;
+  // Threads inside help(), guarded by mutex_: the destructor waits on
+  // helpers_left_ for them to leave.
+  int helpers_ = 0;
+  std::condition_variable helpers_left_;
   // Touched only by whoever holds busy_: after a peer failure every later
   // collective fails at once with the first error.
   std::exception_ptr broken_;

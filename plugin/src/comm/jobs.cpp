@@ -202,7 +202,8 @@ Handle submit_task(
         task();
       },
       false,
-      std::move(what));
+      std::move(what),
+      /*helpable=*/false);
 }
 
 }  // namespace ronde::detail

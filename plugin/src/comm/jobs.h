@@ -89,7 +89,8 @@ Handle submit(
 // Queues `task` on the worker of `set` as a job of its own, in submission
 // order with the set's collectives: those the task submits to the same set
 // run inside it, at once (CommWorker::submit). A communication hook's way
-// onto the communication thread. `what` names it for the stall inspector.
+// onto the communication thread: a thread waiting on it never runs it
+// (CommWorker::help). `what` names it for the stall inspector.
 Handle submit_task(
     const ProcessSet& set, std::function<void()> task, std::string what);
 
