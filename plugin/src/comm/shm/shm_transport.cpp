@@ -438,10 +438,13 @@ void Transport::alltoallv(
     steps = std::max(steps, v);
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
-  std::memcpy(
-      dst + roff[rank_],
-      src + soff[rank_],
-      static_cast<size_t>(send_bytes[rank_]));
+  // An empty tensor's data may be null, which memcpy may not be given.
+  if (send_bytes[rank_] > 0) {
+    std::memcpy(
+        dst + roff[rank_],
+        src + soff[rank_],
+        static_cast<size_t>(send_bytes[rank_]));
+  }
   for (uint64_t k = 0; k < steps; ++k) {
     const size_t lo = k * sub;
     const uint64_t g = begin_step();
