@@ -225,29 +225,38 @@ void CommWorker::help(HandleState& state) {
 void CommWorker::run_queued_until(const HandleState& target) {
   if (executing == this)
     return;  // a job of this worker waits: it holds busy_ itself
+  bool ran = false;   // this thread ran a job, so kept the worker from it
+  bool held = false;  // this thread holds busy_
+  bool target_ran = false;
   for (;;) {
     Item item;
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (busy_ || queue_.empty() || queue_.front().state->worker == nullptr)
-        return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
+      if (held) {
+        busy_ = false;
+        held = false;
+      }
+      if (!target_ran && !busy_ && !queue_.empty() &&
+          queue_.front().state->worker != nullptr) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        held = true;
+      } else {
+        // The worker thread, woken while this one ran a job, found busy_
+        // and went back to sleep: what is left is its own again.
+        wake = ran && (!queue_.empty() || stopping_);
+      }
+    }
+    if (!held) {
+      if (wake)
+        cv_.notify_all();
+      return;
     }
     execute(JobRef::of(item.job), *item.state, item.what);
-    const bool mine = item.state.get() == &target;
-    bool wake;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_ = false;
-      wake = mine && (!queue_.empty() || stopping_);
-    }
-    // What is left is the worker thread's again.
-    if (wake)
-      cv_.notify_all();
-    if (mine)
-      return;
+    ran = true;
+    target_ran = item.state.get() == &target;
   }
 }
 
