@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -44,6 +45,17 @@ struct Model : torch::nn::Module {
   }
 };
 
+// SGD behind small buckets: several all-reduces per step.
+std::unique_ptr<ronde::DistributedOptimizer> small_bucket_sgd(Model& model) {
+  return std::make_unique<ronde::DistributedOptimizer>(
+      std::make_shared<torch::optim::SGD>(
+          model.parameters(), torch::optim::SGDOptions(0.1)),
+      model.named_parameters(),
+      ronde::DistributedOptimizerOptions()
+          .fusion_threshold_mb(0.004)
+          .first_bucket_mb(0.004));
+}
+
 // Three steps and a checkpoint under a CPU profiler (what
 // torch.profiler.profile() does from Python); the trace goes to
 // dir/trace.<rank>.json.
@@ -53,14 +65,7 @@ int scenario_profiler(const std::string& dir) {
   torch::manual_seed(3);
   auto model = std::make_shared<Model>();
   ronde::broadcast_parameters(model->named_parameters(), 0);
-  // Small buckets: several all-reduces per step.
-  ronde::DistributedOptimizer opt(
-      std::make_shared<torch::optim::SGD>(
-          model->parameters(), torch::optim::SGDOptions(0.1)),
-      model->named_parameters(),
-      ronde::DistributedOptimizerOptions()
-          .fusion_threshold_mb(0.004)
-          .first_bucket_mb(0.004));
+  auto opt = small_bucket_sgd(*model);
   ronde::Checkpointer ckpt(dir + "/ckpt", 1);
   ckpt.add("model", *model);
 
@@ -69,7 +74,7 @@ int scenario_profiler(const std::string& dir) {
   prof::prepareProfiler(config, cpu);
   prof::enableProfiler(config, cpu);
   for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
+    opt->zero_grad();
     torch::Tensor x, y;
     {
       ronde::TimelineRange data("load batch");
@@ -77,7 +82,7 @@ int scenario_profiler(const std::string& dir) {
       y = torch::randn({16, 8});
     }
     torch::mse_loss(model->forward(x), y).backward();
-    opt.step();
+    opt->step();
   }
   ckpt.save(3);
   auto result = prof::disableProfiler();
@@ -116,10 +121,10 @@ int scenario_profiler(const std::string& dir) {
 
   // No profiler: the same calls record nothing anywhere.
   auto before = result->events().size();
-  opt.zero_grad();
+  opt->zero_grad();
   torch::mse_loss(model->forward(torch::randn({16, 32})), torch::randn({16, 8}))
       .backward();
-  opt.step();
+  opt->step();
   CHECK_W(result->events().size() == before, "events after the profiler");
   std::cout << "PROFILER events " << before << " on rank " << rank << std::endl;
   ronde::shutdown();
@@ -245,19 +250,13 @@ int scenario_waiter_helps() {
 
   torch::manual_seed(3);
   auto model = std::make_shared<Model>();
-  ronde::DistributedOptimizer opt(
-      std::make_shared<torch::optim::SGD>(
-          model->parameters(), torch::optim::SGDOptions(0.1)),
-      model->named_parameters(),
-      ronde::DistributedOptimizerOptions()
-          .fusion_threshold_mb(0.004)
-          .first_bucket_mb(0.004));
+  auto opt = small_bucket_sgd(*model);
   g_elsewhere = 0;
   for (int step = 0; step < 5; ++step) {
-    opt.zero_grad();
+    opt->zero_grad();
     torch::mse_loss(model->forward(torch::randn({16, 32})), torch::randn({16, 8}))
         .backward();
-    opt.step();
+    opt->step();
   }
   at::removeCallback(callback);
   CHECK_W(g_elsewhere.load() > 0, "no bucket all-reduce was seen");

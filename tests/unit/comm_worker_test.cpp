@@ -1,6 +1,6 @@
-// The communication worker on its own, with a communicator that does
-// nothing: what a waiting thread runs (CommWorker::help) and that the
-// worker thread is woken for what the waiter leaves.
+// The communication worker on its own, over a one-rank communicator that
+// its jobs never touch: what a waiting thread runs (CommWorker::help), and
+// that the worker thread is woken for what the waiter leaves.
 #include "comm/comm_worker.h"
 #include "comm/communicator.h"
 
@@ -11,39 +11,13 @@
 #include <cstdlib>
 #include <future>
 #include <thread>
+#include <vector>
 
 namespace {
 
-using ronde::detail::BackendOp;
 using ronde::detail::CommWorker;
 using ronde::detail::Communicator;
 using ronde::detail::HandleState;
-
-class NoComm final : public Communicator {
- public:
-  const char* backend() const override {
-    return "none";
-  }
-  int rank() const override {
-    return 0;
-  }
-  int size() const override {
-    return 1;
-  }
-  void allreduce(const at::Tensor&, BackendOp) override {}
-  void allgather(
-      const at::Tensor&,
-      const at::Tensor&,
-      const std::vector<size_t>&) override {}
-  void broadcast(const at::Tensor&, int) override {}
-  void alltoall(
-      const at::Tensor&,
-      const std::vector<int64_t>&,
-      const at::Tensor&,
-      const std::vector<int64_t>&) override {}
-  void barrier() override {}
-  void abort() override {}
-};
 
 // Runs `fn` and fails the test binary at once if it has not returned
 // within the limit: a hang is what the test looks for.
@@ -63,8 +37,8 @@ void within_seconds(int seconds, F fn) {
 // thread, which found the waiter busy and slept again, must be woken for
 // the task and what follows it, or the wait never returns.
 TEST(CommWorker, AWaiterRunsQueuedJobsAndWakesTheWorkerAtATask) {
-  NoComm comm;
-  CommWorker worker(comm, false);
+  auto comm = ronde::detail::make_self_communicator();
+  CommWorker worker(*comm, false);
   std::atomic<int> on_waiter{0}, tasks_on_waiter{0}, ran{0};
   within_seconds(60, [&] {
     // std::async's thread is the waiter here.
@@ -99,10 +73,10 @@ TEST(CommWorker, AWaiterRunsQueuedJobsAndWakesTheWorkerAtATask) {
 // A waiter whose job the worker thread already runs waits for it, and
 // the worker's destructor drains what is queued.
 TEST(CommWorker, QueuedJobsRunInOrderWhoeverRunsThem) {
-  NoComm comm;
+  auto comm = ronde::detail::make_self_communicator();
   std::vector<int> order;
   {
-    CommWorker worker(comm, false);
+    CommWorker worker(*comm, false);
     std::vector<ronde::Handle> handles;
     for (int i = 0; i < 100; ++i) {
       handles.push_back(worker.submit(
