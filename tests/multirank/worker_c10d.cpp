@@ -12,7 +12,9 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -22,6 +24,57 @@ using namespace ronde::testing;
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : 0;
+}
+
+// Asynchronous all-reduces: each work's future completed with the sums,
+// whether it is asked for right after the call (its callback then runs at
+// once if the work is done, else on this thread inside wait(), or on a
+// completion thread, never on the communication thread: the callback here
+// waits on a collective of its own, which would hang that thread) or only
+// after wait().
+void check_async_works(::c10d::ProcessGroup& pg, int rank, int size) {
+  ::c10d::AllreduceOptions async;
+  async.asyncOp = true;
+  const std::thread::id me = std::this_thread::get_id();
+  int on_me = 0;  // callbacks run by this thread inside wait()
+  bool in_wait = false;
+  const int calls = 100;
+  for (int i = 0; i < calls; ++i) {
+    std::vector<at::Tensor> t{torch::full({256}, float(rank + i))};
+    auto work = pg.allreduce(t, async);
+    const float want = float(size * i + size * (size - 1) / 2);
+    if (i % 2 == 0) {
+      auto future = work->getFuture();
+      future->addCallback([&](c10::ivalue::Future& f) {
+        on_me += in_wait && std::this_thread::get_id() == me;
+        std::vector<at::Tensor> inner{torch::ones({4})};
+        pg.allreduce(inner, async)->wait();
+        CHECK_W(torch::equal(inner[0], torch::full({4}, float(size))), inner[0]);
+        CHECK_W(!f.hasError() && f.value().toTensorVector()[0].eq(want).all().item<bool>(),
+                "the future's value in call ", i);
+      });
+      in_wait = true;
+      work->wait();
+      in_wait = false;
+    } else {
+      work->wait();
+      auto future = work->getFuture();
+      CHECK_W(future->completed() && !future->hasError(), "call ", i, "'s future");
+      CHECK_W(future->value().toTensorVector()[0].eq(want).all().item<bool>(),
+              "the future's value in call ", i);
+    }
+    CHECK_W(t[0].eq(want).all().item<bool>(), "call ", i, ": ", t[0][0].item<float>());
+  }
+  // Without wait() on this thread running the queued all-reduce and
+  // completing the work, every callback runs on a completion thread. How
+  // often this thread finds it still queued depends on the scheduler:
+  // counted over the ranks.
+  std::vector<at::Tensor> count{torch::full({1}, float(on_me))};
+  pg.allreduce(count)->wait();
+  std::cout << "CALLBACKS ON THE WAITER " << on_me << " of " << calls / 2
+            << " on rank " << rank << ", " << count[0].item<float>()
+            << " on all" << std::endl;
+  CHECK_W(count[0].item<float>() > 0, "no work was completed on the thread waiting on it");
 }
 
 }  // namespace
@@ -60,6 +113,8 @@ RONDE_SCENARIO(c10d_process_group) {
   bo.rootRank = size - 1;
   pg->broadcast(b, bo)->wait();
   CHECK_W(torch::equal(b[0], torch::full({3}, float(size - 1))), b[0]);
+
+  check_async_works(*pg, rank, size);
 
   // A subgroup of ranks 0 and 1, created by its members only.
   if (rank < 2) {

@@ -17,6 +17,29 @@
 
 namespace ronde::detail {
 
+namespace {
+
+// A thread inside C10dWork::wait() without a timeout: the work, and how
+// to complete it when this thread finished its last collective.
+struct Waiting {
+  const C10dWork* work;
+  std::function<void()> settle;
+};
+thread_local Waiting* waiting = nullptr;
+
+// Called where a collective of `work` finished, holding the worker: on a
+// thread waiting on that work, keeps `settle` for wait() to run once the
+// worker is free (callbacks may submit and wait on a collective), and says
+// so.
+bool defer_to_waiter(const C10dWork* work, std::function<void()> settle) {
+  if (waiting == nullptr || waiting->work != work)
+    return false;
+  waiting->settle = std::move(settle);
+  return true;
+}
+
+}  // namespace
+
 C10dWork::C10dWork(
     int rank,
     ::c10d::OpType type,
@@ -24,16 +47,46 @@ C10dWork::C10dWork(
     std::vector<at::Tensor> outputs)
     : ::c10d::Work(rank, type),
       what_(std::move(what)),
-      outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      outputs_(std::move(outputs)) {}
+
+void C10dWork::settle_future(const c10::intrusive_ptr<c10::ivalue::Future>& f) {
+  if (error_)
+    f->setError(error_);
+  else
+    f->markCompleted(c10::IValue(outputs_));
+}
 
 void C10dWork::complete(std::exception_ptr error) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(state_mutex_);
+    settled_ = true;
+    error_ = error;
+    future = future_;  // when null, getFuture() completes the one it makes
+    handles_.clear();  // done: what they hold is not needed any more
+  }
+  settled_cv_.notify_all();
+  try {
+    if (future)
+      settle_future(future);
+  } catch (...) {
+    finish(error);  // a callback threw: the work itself still ended
+    throw;
+  }
   finish(error);
-  if (error)
-    future_->setError(error);
-  else
-    future_->markCompleted(c10::IValue(outputs_));
+}
+
+void C10dWork::set_handles(std::vector<Handle> handles) {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  handles_ = std::move(handles);
+}
+
+bool C10dWork::claim_completion() {
+  std::lock_guard<std::mutex> lock(state_mutex_);
+  if (future_)
+    return false;
+  claimed_ = true;
+  return true;
 }
 
 bool C10dWork::wait(std::chrono::milliseconds timeout) {
@@ -49,6 +102,29 @@ bool C10dWork::wait(std::chrono::milliseconds timeout) {
         timeout.count(),
         " ms given to wait(); it is still running (a peer may be slow or "
         "stuck in another call: ronde's own timeout ends it)");
+  } else {
+    std::vector<Handle> handles;
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      handles = handles_;
+    }
+    // Run them here if they are still queued: no wake-up of the worker,
+    // and none of a completion thread when this thread finishes the last.
+    Waiting frame{this, {}};
+    Waiting* outer = waiting;
+    waiting = &frame;
+    for (const Handle& h : handles) {
+      try {
+        h.wait();
+      } catch (...) {
+        break;  // the work carries the error: thrown below
+      }
+    }
+    waiting = outer;
+    // This thread finished the last of them: it completes the work, now
+    // that it holds the worker no more.
+    if (frame.settle)
+      frame.settle();
   }
   return ::c10d::Work::wait(::kNoTimeout);
 }
@@ -58,6 +134,16 @@ std::vector<at::Tensor> C10dWork::result() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> C10dWork::getFuture() {
+  std::unique_lock<std::mutex> lock(state_mutex_);
+  if (!future_) {
+    // A thread that claimed the completion completes no future: wait until
+    // it is done, then make this one completed.
+    settled_cv_.wait(lock, [this] { return !claimed_ || settled_; });
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    if (settled_)
+      settle_future(future_);  // no callback yet: nothing runs here
+  }
   return future_;
 }
 
@@ -169,17 +255,25 @@ void complete_when_done(
   p->handles = std::move(handles);
   p->finish = std::move(finish);
   p->left = p->handles.size();
+  work->set_handles(p->handles);
   if (p->handles.empty()) {
     settle(p, true);
     return;
   }
-  // Done before this returns (an inline call: nobody has the future yet):
-  // completed here; else on the Completer.
+  // Done before this returns (an inline call: nobody has the future yet),
+  // or on a thread that may complete the work: completed here; else on
+  // the Completer.
   const std::thread::id caller = std::this_thread::get_id();
   for (const Handle& h : std::vector<Handle>(p->handles)) {
     when_done(h, [p, caller] {
-      if (p->left.fetch_sub(1) == 1)
-        settle(p, std::this_thread::get_id() == caller && !p->returned);
+      if (p->left.fetch_sub(1) != 1)
+        return;
+      if (defer_to_waiter(p->work.get(), [p] { settle(p, true); }))
+        return;
+      settle(
+          p,
+          (std::this_thread::get_id() == caller && !p->returned) ||
+              p->work->claim_completion());
     });
   }
   p->returned = true;
