@@ -6,6 +6,8 @@ by torchrun; rank 0 prints one JSON line. benchmarks/run_c10d.py drives
 it.
 
   all_reduce             float32 sum, in place, `bytes` per rank
+  all_reduce_async       the same with async_op=True, waited on at once
+                         (ronde_api: synchronize(allreduce_async_))
   all_gather_into_tensor bytes / n in per rank, bytes out
   reduce_scatter_tensor  bytes in per rank, bytes / n out, sum
   broadcast              in place, from rank 0
@@ -20,8 +22,8 @@ import torch.distributed as dist
 
 import ronde.torch as rt
 
-OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-       "broadcast")
+OPS = ("all_reduce", "all_reduce_async", "all_gather_into_tensor",
+       "reduce_scatter_tensor", "broadcast")
 
 
 def parse_size(s):
@@ -38,6 +40,13 @@ def callers(op, nbytes, n, gloo):
         return {"ronde": lambda: dist.all_reduce(t),
                 "gloo": lambda: dist.all_reduce(t, group=gloo),
                 "ronde_api": lambda: rt.allreduce_(t, op=rt.Sum)}
+    if op == "all_reduce_async":
+        t = torch.ones(numel)
+        return {"ronde": lambda: dist.all_reduce(t, async_op=True).wait(),
+                "gloo": lambda: dist.all_reduce(t, group=gloo,
+                                                async_op=True).wait(),
+                "ronde_api": lambda: rt.synchronize(
+                    rt.allreduce_async_(t, op=rt.Sum))}
     if op == "broadcast":
         t = torch.ones(numel)
         return {"ronde": lambda: dist.broadcast(t, 0),
@@ -87,16 +96,19 @@ def main():
                     print(f"# gloo: {op}: {e}".splitlines()[0])
             for fn in fns.values():  # warm-up, and connections made
                 fn()
-            # Iterations from the slowest one's first call, alike on ranks.
-            t = torch.tensor([max(time_one(fn, 1) for fn in fns.values())],
+            # Each one's iterations from its own first calls (a budget of
+            # time per round each, so that a fast one is not timed over a
+            # few calls), alike on ranks.
+            t = torch.tensor([time_one(fn, 3) for fn in fns.values()],
                              dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            iters = max(2, min(2000, int(a.budget_s / max(t.item(), 1e-7))))
+            iters = {k: max(2, min(20000, int(a.budget_s / max(x, 1e-7))))
+                     for k, x in zip(fns, t.tolist())}
             samples = {k: [] for k in fns}
             for r in range(a.rounds):
                 names = list(fns) if r % 2 == 0 else list(fns)[::-1]
                 for k in names:
-                    samples[k].append(time_one(fns[k], iters))
+                    samples[k].append(time_one(fns[k], iters[k]))
             row = {"op": op, "bytes": nbytes, "ranks": n, "iters": iters}
             for k, v in samples.items():
                 s = torch.tensor([statistics.median(v)], dtype=torch.float64)

@@ -66,6 +66,7 @@ def main():
     p.add_argument("--nps", default="2,4")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sizes", default="4K,64K,1M,16M,256M")
+    p.add_argument("--ops", help="c10d_bench.py's --ops (default: all)")
     p.add_argument("--workloads", default="mlp,cnn")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--skip-collectives", action="store_true")
@@ -85,7 +86,8 @@ def main():
         for np_ in [int(x) for x in a.nps.split(",")]:
             port += 1
             res = torchrun(np_, port, "c10d_bench.py",
-                           ["--sizes", a.sizes, "--rounds", str(a.rounds)], env)
+                           ["--sizes", a.sizes, "--rounds", str(a.rounds)] +
+                           (["--ops", a.ops] if a.ops else []), env)
             result["collectives"].append(res)
             print(f"\n{np_} ranks: op, bytes, ronde/gloo speedup, "
                   "c10d ronde / ronde API time")
