@@ -12,7 +12,9 @@ the ronde mode (what the driver launches). --comm-hooks python adds a mode
 whose buckets go through a Python callable that all-reduces them (what a
 Python hook costs over the C++ path: the GIL taken per bucket on the
 communication thread). --autotune adds ronde_autotune: the bucket-size
-search on, its steps timed after it has chosen. Every mode beside ronde
+search on, its steps timed after it has chosen. --ddp-ronde adds
+ddp_ronde: the same DDP on ronde's torch.distributed backend (what a DDP
+program gets by changing its backend's name). Every mode beside ronde
 gets its step over ronde's and over DDP's, and its eff_local2.
 """
 import argparse
@@ -141,6 +143,8 @@ def driver(a):
                 progs[f"ronde_{h}"] = me + ["--comm-hook", h]
             if a.autotune:
                 progs["ronde_autotune"] = me + ["--tune"]
+            if a.ddp_ronde:
+                progs["ddp_ronde"] = [sys.executable, DDP, "--backend", "ronde"]
             runs = {m: [] for m in progs}
             runs["local2"] = []
             for r in range(a.rounds):
@@ -187,6 +191,12 @@ def driver(a):
             row["ronde_over_ddp_per_round"] = [
                 x["step_s"] / y["step_s"]
                 for x, y in zip(runs["ronde"], runs["ddp"])]
+            if a.ddp_ronde:
+                row["ddp_ronde_over_ddp"] = (row["ddp_ronde_step_s"] /
+                                             row["ddp_step_s"])
+                row["ddp_ronde_over_ddp_per_round"] = [
+                    x["step_s"] / y["step_s"]
+                    for x, y in zip(runs["ddp_ronde"], runs["ddp"])]
             for mode in progs:
                 if mode.startswith("ronde_"):
                     row[f"{mode}_over_ronde"] = (row[f"{mode}_step_s"] /
@@ -216,6 +226,13 @@ def driver(a):
                   f"{row[mode + '_over_ddp']:.3f}x DDP's, eff_local2 "
                   f"{row[mode + '_eff_local2']:.0%}, buckets "
                   f"{sorted(set(row[mode + '_bucket_mb']))} MiB")
+        if "ddp_ronde_step_s" in row:
+            rr = row["ddp_ronde_over_ddp_per_round"]
+            print(f"{'':>8} ddp_ronde (DDP on ronde's backend): "
+                  f"{row['ddp_ronde_step_s'] * 1e3:.1f} ms, "
+                  f"{row['ddp_ronde_over_ddp']:.3f}x DDP's on gloo "
+                  f"({min(rr):.3f}..{max(rr):.3f}), eff_local2 "
+                  f"{row['ddp_ronde_eff_local2']:.0%}")
     out = a.out or os.path.join(
         HERE, "results",
         f"py-train-{datetime.date.today().isoformat()}.json")
@@ -248,6 +265,9 @@ def main():
     p.add_argument("--autotune", action="store_true",
                    help="add ronde_autotune: the bucket-size search on, "
                         "timed after it has chosen")
+    p.add_argument("--ddp-ronde", action="store_true",
+                   help="add ddp_ronde: ddp_train_bench.py on ronde's "
+                        "torch.distributed backend")
     p.add_argument("--tune", action="store_true",
                    help="worker: autotune on, warm up until it has chosen")
     p.add_argument("--allocator", choices=["tuned", "default"],
