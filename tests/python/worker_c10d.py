@@ -159,6 +159,25 @@ def check_more(c, n):
         c.eq("reduce_scatter_tensor_coalesced 0", outs[0],
              sum(x[:2] for x in xs))
         c.eq("reduce_scatter_tensor_coalesced 1", outs[1], torch.full((1,), float(n)))
+    # Past the check's frames: reduce_scatter_tensor into its output (the
+    # in-place form too, the output inside the input) and
+    # all_gather_into_tensor from the rank's own block of the output.
+    k = 1 << 16
+    base = torch.arange(n * k, dtype=torch.float32)
+    scale = n * (n + 1) / 2
+    out = torch.full((k,), -1.0)
+    dist.reduce_scatter_tensor(out, base * (me + 1))
+    c.eq("reduce_scatter_tensor large", out, base[me * k:(me + 1) * k] * scale)
+    flat = base * (me + 1)
+    dist.reduce_scatter_tensor(flat.narrow(0, me * k, k), flat)
+    want = base * (me + 1)
+    want[me * k:(me + 1) * k] = base[me * k:(me + 1) * k] * scale
+    c.eq("reduce_scatter_tensor in place", flat, want)
+    gathered = torch.zeros(n * k)
+    gathered.narrow(0, me * k, k).copy_(base[:k] + me)
+    dist.all_gather_into_tensor(gathered, gathered.narrow(0, me * k, k))
+    c.eq("all_gather_into_tensor in place", gathered,
+         torch.cat([base[:k] + r for r in range(n)]))
     # A ring: every rank sends first, then receives.
     nxt, prv = (me + 1) % n, (me - 1) % n
     got = torch.zeros(6)

@@ -118,6 +118,18 @@ inline at::Tensor scatter_rows(const at::Tensor& input, const at::Tensor& output
   return input.reshape({-1});
 }
 
+// Where a reduce-scatter of `input` writes this rank's part: straight into
+// `output` when it holds exactly that part and is contiguous (no copy out,
+// no fresh tensor; ronde writes it only when `output` does not overlap
+// `input`), else nowhere given (a new tensor, copied into `output`, or the
+// mismatch reported before anything is written).
+inline at::Tensor scatter_into_output(
+    const at::Tensor& input, const at::Tensor& output, int size) {
+  if (output.is_contiguous() && input.numel() == output.numel() * size)
+    return output;
+  return at::Tensor();
+}
+
 // Runs one operation: `start` submits its collectives; `finish` copies
 // their results into torch's outputs once they are done.
 template <class Start>

@@ -101,10 +101,11 @@ c10::intrusive_ptr<::c10d::Work> Backend::reduce_scatter(
           rows.push_back(row(t));
         double pre = 1.0;
         const ReduceOp op = reduction(opts.reduceOp, "reduce_scatter", &pre);
+        const at::Tensor in = at::cat(rows);
         *handle = ronde::detail::reducescatter_call(
-            at::cat(rows),
+            in,
             ReducescatterOptions().op(op).prescale_factor(pre).process_set(set_),
-            !opts.asyncOp);
+            !opts.asyncOp, scatter_into_output(in, out, size_));
         return std::vector<Handle>{*handle};
       },
       [outputs, handle] { copy_into(outputs[0], handle->result()); });
@@ -123,7 +124,7 @@ c10::intrusive_ptr<::c10d::Work> Backend::_reduce_scatter_base(
         *handle = ronde::detail::reducescatter_call(
             scatter_rows(input, output, size_),
             ReducescatterOptions().op(op).prescale_factor(pre).process_set(set_),
-            !opts.asyncOp);
+            !opts.asyncOp, scatter_into_output(input, output, size_));
         return std::vector<Handle>{*handle};
       },
       [output, handle] {
@@ -155,7 +156,7 @@ c10::intrusive_ptr<::c10d::Work> Backend::reduce_scatter_tensor_coalesced(
           handles->push_back(ronde::detail::reducescatter_call(
               scatter_rows(inputs[i], outputs[i], size_),
               ReducescatterOptions().op(op).prescale_factor(pre).process_set(set_),
-              false));
+              false, scatter_into_output(inputs[i], outputs[i], size_)));
         }
         return *handles;
       },

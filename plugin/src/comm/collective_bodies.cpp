@@ -31,6 +31,29 @@ BackendOp backend_op(ReduceOp op) {
 
 namespace {
 
+// The output of a collective that writes `numel` elements shaped `shape`
+// like `in`: `into`'s first elements when it can hold them and does not
+// overlap `in` (which the collective still reads), else a new tensor.
+at::Tensor output_for(
+    const at::Tensor& in,
+    at::IntArrayRef shape,
+    int64_t numel,
+    const at::Tensor& into) {
+  if (into.defined() && into.is_contiguous() &&
+      into.scalar_type() == in.scalar_type() && into.device() == in.device() &&
+      into.numel() >= numel) {
+    const auto* a = static_cast<const uint8_t*>(into.data_ptr());
+    const auto* b = static_cast<const uint8_t*>(in.data_ptr());
+    const size_t a_bytes = static_cast<size_t>(numel) * in.element_size();
+    const size_t b_bytes = in.numel() * in.element_size();
+    const bool apart = a_bytes == 0 || b_bytes == 0 || a + a_bytes <= b ||
+                       b + b_bytes <= a;
+    if (apart)
+      return into.view({-1}).narrow(0, 0, numel).view(shape);
+  }
+  return at::empty(shape, in.options());
+}
+
 // After the sum: the average's division and the postscale.
 void finish_reduction(const at::Tensor& work, int n, ReduceOp op, double post) {
   // Division by one is exact: at one rank the average is the tensor itself
@@ -162,17 +185,8 @@ at::Tensor allgather_work(
   }
   // A buffer the caller keeps (the sharded engine's pool) when it fits:
   // no fresh pages to fault in on every call.
-  const auto shape = shape_with_dim0(in, rows);
-  at::Tensor out;
-  if (into.defined() && into.is_contiguous() &&
-      into.scalar_type() == in.scalar_type() &&
-      into.device() == in.device() &&
-      into.numel() * into.element_size() >= rows * row) {
-    out = into.view({-1}).narrow(0, 0, rows * row / in.element_size()).view(
-        shape);
-  } else {
-    out = at::empty(shape, in.options());
-  }
+  at::Tensor out = output_for(
+      in, shape_with_dim0(in, rows), rows * row / in.element_size(), into);
   if (!ex.payloads.empty()) {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (size_t r = 0; r < all.size(); ++r) {
@@ -236,7 +250,8 @@ at::Tensor reducescatter_work(
     const Call& c,
     const at::Tensor& in,
     ReduceOp op,
-    double post) {
+    double post,
+    const at::Tensor& into) {
   // Dim 0 split as evenly as it goes, the first blocks one row longer.
   const int n = comm.size();
   const int me = comm.rank();
@@ -246,7 +261,8 @@ at::Tensor reducescatter_work(
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r)
     counts[r] = block_rows(r) * row;
-  at::Tensor out = at::empty(shape_with_dim0(in, block_rows(me)), in.options());
+  at::Tensor out = output_for(
+      in, shape_with_dim0(in, block_rows(me)), counts[me], into);
   if (!ex.payloads.empty()) {
     // Reduce this rank's block only.
     int64_t first = 0;

@@ -40,7 +40,10 @@ void broadcast_work(
     int root);
 
 // Every rank's rows of `in` (dim 0 as each rank's descriptor says),
-// concatenated in rank order.
+// concatenated in rank order: into the first elements of `into` (a buffer
+// the caller keeps: no fresh pages to fault in, no copy out) when it is
+// contiguous, of `in`'s type and device, large enough and apart from `in`;
+// else into a new tensor.
 at::Tensor allgather_work(
     Communicator& comm,
     const Exchanged& ex,
@@ -58,13 +61,15 @@ at::Tensor alltoall_work(
     const std::vector<int64_t>& splits,
     std::vector<int64_t>& recv);
 
-// `in` prescaled already; returns this rank's block of the reduction.
+// `in` prescaled already; returns this rank's block of the reduction,
+// written into `into` as allgather_work() does.
 at::Tensor reducescatter_work(
     Communicator& comm,
     const Exchanged& ex,
     const Call& c,
     const at::Tensor& in,
     ReduceOp op,
-    double post);
+    double post,
+    const at::Tensor& into = at::Tensor());
 
 }  // namespace ronde::detail

@@ -21,11 +21,12 @@ Handle broadcast_call(
     const CollectiveOptions& options,
     bool in_place,
     bool blocking);
-// With `into`: an allgather into a buffer the caller keeps (the sharded
-// engine's pool of gather buffers, the c10d backend's output tensors): the
-// result is `into`'s first elements, shaped as allgather's, when `into` is
-// contiguous, large enough and of the input's type and device; a new
-// tensor otherwise. Handle::result() returns it either way.
+// With `into`: an allgather (a reduce-scatter) into a buffer the caller
+// keeps (the sharded engine's pool of gather buffers, the c10d backend's
+// output tensors): the result is `into`'s first elements, shaped as the
+// collective's, when `into` is contiguous, large enough, of the input's
+// type and device and apart from the input; a new tensor otherwise.
+// Handle::result() returns it either way.
 Handle allgather_call(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
@@ -36,7 +37,8 @@ Handle alltoall_call(
 Handle reducescatter_call(
     const at::Tensor& tensor,
     const ReducescatterOptions& options,
-    bool blocking);
+    bool blocking,
+    const at::Tensor& into = at::Tensor());
 Handle barrier_call(const ProcessSet& process_set, bool blocking);
 
 // A zeroed buffer for `numel` elements that `set` will all-reduce in

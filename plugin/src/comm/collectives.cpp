@@ -244,7 +244,10 @@ Handle alltoall_impl(
 }
 
 Handle reducescatter_impl(
-    const at::Tensor& tensor, const ReducescatterOptions& o, bool blocking) {
+    const at::Tensor& tensor,
+    const ReducescatterOptions& o,
+    bool blocking,
+    const at::Tensor& into = at::Tensor()) {
   Group& group = group_of(o.process_set(), "reducescatter");
   std::string error = check_reduction(
       tensor, o.op(), o.prescale_factor(), o.postscale_factor());
@@ -272,13 +275,13 @@ Handle reducescatter_impl(
     call.payload = in;
   return submit(
       std::move(call),
-      [in, o](
+      [in, o, into](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        state.result =
-            reducescatter_work(comm, ex, c, in, o.op(), o.postscale_factor());
+        state.result = reducescatter_work(
+            comm, ex, c, in, o.op(), o.postscale_factor(), into);
       },
       {in},
       blocking);
@@ -332,8 +335,9 @@ Handle alltoall_call(
 Handle reducescatter_call(
     const at::Tensor& tensor,
     const ReducescatterOptions& options,
-    bool blocking) {
-  return reducescatter_impl(tensor, options, blocking);
+    bool blocking,
+    const at::Tensor& into) {
+  return reducescatter_impl(tensor, options, blocking, into);
 }
 
 Handle barrier_call(const ProcessSet& process_set, bool blocking) {
