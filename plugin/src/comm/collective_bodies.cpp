@@ -32,13 +32,14 @@ BackendOp backend_op(ReduceOp op) {
 namespace {
 
 // The output of a collective that writes `numel` elements shaped `shape`
-// like `in`: `into`'s first elements when it can hold them and does not
-// overlap `in` (which the collective still reads), else a new tensor.
+// like `in`: `into`'s first elements when it can hold them, else a new
+// tensor. With `apart`, only when they do not overlap `in` either.
 at::Tensor output_for(
     const at::Tensor& in,
     at::IntArrayRef shape,
     int64_t numel,
-    const at::Tensor& into) {
+    const at::Tensor& into,
+    bool apart) {
   if (into.defined() && into.is_contiguous() &&
       into.scalar_type() == in.scalar_type() && into.device() == in.device() &&
       into.numel() >= numel) {
@@ -46,9 +47,8 @@ at::Tensor output_for(
     const auto* b = static_cast<const uint8_t*>(in.data_ptr());
     const size_t a_bytes = static_cast<size_t>(numel) * in.element_size();
     const size_t b_bytes = in.numel() * in.element_size();
-    const bool apart = a_bytes == 0 || b_bytes == 0 || a + a_bytes <= b ||
-                       b + b_bytes <= a;
-    if (apart)
+    if (!apart || a_bytes == 0 || b_bytes == 0 || a + a_bytes <= b ||
+        b + b_bytes <= a)
       return into.view({-1}).narrow(0, 0, numel).view(shape);
   }
   return at::empty(shape, in.options());
@@ -184,9 +184,12 @@ at::Tensor allgather_work(
     rows += all[r].dims[0];
   }
   // A buffer the caller keeps (the sharded engine's pool) when it fits:
-  // no fresh pages to fault in on every call.
+  // no fresh pages to fault in on every call. `in` may be this rank's own
+  // block of it (torch's in-place all_gather_into_tensor, as FSDP calls
+  // it): the backends write that block from `in` itself.
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, rows), rows * row / in.element_size(), into);
+      in, shape_with_dim0(in, rows), rows * row / in.element_size(), into,
+      /*apart=*/false);
   if (!ex.payloads.empty()) {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (size_t r = 0; r < all.size(); ++r) {
@@ -261,8 +264,11 @@ at::Tensor reducescatter_work(
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r)
     counts[r] = block_rows(r) * row;
+  // Apart from `in`, which every block of is read while this one is
+  // written (the in-place form gets a new tensor, copied out).
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, block_rows(me)), counts[me], into);
+      in, shape_with_dim0(in, block_rows(me)), counts[me], into,
+      /*apart=*/true);
   if (!ex.payloads.empty()) {
     // Reduce this rank's block only.
     int64_t first = 0;

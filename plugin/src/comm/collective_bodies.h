@@ -42,8 +42,8 @@ void broadcast_work(
 // Every rank's rows of `in` (dim 0 as each rank's descriptor says),
 // concatenated in rank order: into the first elements of `into` (a buffer
 // the caller keeps: no fresh pages to fault in, no copy out) when it is
-// contiguous, of `in`'s type and device, large enough and apart from `in`;
-// else into a new tensor.
+// contiguous, of `in`'s type and device and large enough (`in` may be its
+// own block there); else into a new tensor.
 at::Tensor allgather_work(
     Communicator& comm,
     const Exchanged& ex,
@@ -62,7 +62,8 @@ at::Tensor alltoall_work(
     std::vector<int64_t>& recv);
 
 // `in` prescaled already; returns this rank's block of the reduction,
-// written into `into` as allgather_work() does.
+// written into `into` as allgather_work() does when `into` does not
+// overlap `in`.
 at::Tensor reducescatter_work(
     Communicator& comm,
     const Exchanged& ex,

@@ -24,9 +24,9 @@ Handle broadcast_call(
 // With `into`: an allgather (a reduce-scatter) into a buffer the caller
 // keeps (the sharded engine's pool of gather buffers, the c10d backend's
 // output tensors): the result is `into`'s first elements, shaped as the
-// collective's, when `into` is contiguous, large enough, of the input's
-// type and device and apart from the input; a new tensor otherwise.
-// Handle::result() returns it either way.
+// collective's, when `into` is contiguous, large enough and of the input's
+// type and device (for a reduce-scatter, apart from the input too); a new
+// tensor otherwise. Handle::result() returns it either way.
 Handle allgather_call(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
