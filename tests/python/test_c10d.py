@@ -39,13 +39,15 @@ def test_ddp_zero_and_fsdp_equal_gloo(ranks):
 def test_mismatches_fail_on_every_rank_and_the_group_goes_on(ranks):
     run(ranks, "errors")
     for r in range(2):
-        shape, dtype, gather, after = ranks.load("errors", r)
+        shape, dtype, gather, after, a2a, untouched = ranks.load("errors", r)
         assert "ranks disagree" in shape, shape
         assert "Float[4]" in shape and "Float[5]" in shape, shape
         assert "ranks disagree" in dtype, dtype
         assert "Float[4]" in dtype and "Double[4]" in dtype, dtype
         assert "ranks disagree" in gather, gather
         assert after == [2.0, 2.0, 2.0]
+        assert "where this rank expects [2, 2]" in a2a, a2a
+        assert untouched == [-7.0] * 4, untouched
 
 
 def test_a_dead_peer_fails_the_others_within_the_timeout(ranks):

@@ -388,6 +388,17 @@ def errors(out):
     t = torch.ones(3)
     dist.all_reduce(t)
     seen.append(t.tolist())
+    # all_to_all_single whose rows arrive split otherwise than the output's
+    # splits say, though as many in all: an error, the output untouched.
+    got = torch.full((4,), -7.0)
+    try:
+        dist.all_to_all_single(got, torch.full((4,), float(me)),
+                               output_split_sizes=[2, 2],
+                               input_split_sizes=[1, 3] if me == 0 else [3, 1])
+        seen.append("")
+    except Exception as e:  # noqa: BLE001
+        seen.append(str(e))
+    seen.append(got.tolist())
     save(out, "errors", seen)
     dist.destroy_process_group()
 

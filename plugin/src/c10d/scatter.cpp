@@ -191,9 +191,13 @@ c10::intrusive_ptr<::c10d::Work> Backend::alltoall_base(
       ALLTOALL_BASE, "all_to_all_single", {output},
       [&] {
         at::Tensor in = input.dim() == 0 ? input.reshape({1}) : input;
+        // Straight into the output when it is laid out as what comes.
+        const bool direct = output.is_contiguous() && output.dim() > 0 &&
+                            in.dim() == output.dim() &&
+                            in.sizes().slice(1) == output.sizes().slice(1);
         *handle = ronde::detail::alltoall_call(
             in, AlltoallOptions().splits(input_splits).process_set(set_),
-            !opts.asyncOp);
+            !opts.asyncOp, direct ? output : at::Tensor(), expect);
         return std::vector<Handle>{*handle};
       },
       [output, handle, expect] {

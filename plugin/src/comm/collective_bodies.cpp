@@ -211,7 +211,9 @@ at::Tensor alltoall_work(
     const Call& c,
     const at::Tensor& in,
     const std::vector<int64_t>& splits,
-    std::vector<int64_t>& recv) {
+    std::vector<int64_t>& recv,
+    const at::Tensor& into,
+    const std::vector<int64_t>& expect) {
   const int n = comm.size();
   // Every rank's send splits, so each knows what it receives.
   std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
@@ -241,7 +243,12 @@ at::Tensor alltoall_work(
     send_bytes[r] = splits[r] * row;
     recv_bytes[r] = recv[r] * row;
   }
-  at::Tensor out = at::empty(shape_with_dim0(in, rows), in.options());
+  // Into the caller's buffer only when what comes is what it expects (the
+  // caller reports a mismatch before anything is written), and apart from
+  // `in`, which is read while the output is written.
+  at::Tensor out = output_for(
+      in, shape_with_dim0(in, rows), rows * row / in.element_size(),
+      recv == expect ? into : at::Tensor(), /*apart=*/true);
   guarded(comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
   return out;
 }

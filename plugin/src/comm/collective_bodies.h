@@ -52,14 +52,18 @@ at::Tensor allgather_work(
     const at::Tensor& into = at::Tensor());
 
 // Sends splits[r] rows of `in` to rank r; returns what came, and in `recv`
-// how many rows from each rank.
+// how many rows from each rank. What came is written into `into` (as
+// allgather_work() does, when `into` does not overlap `in`) if `recv`
+// equals `expect`.
 at::Tensor alltoall_work(
     Communicator& comm,
     const Exchanged& ex,
     const Call& c,
     const at::Tensor& in,
     const std::vector<int64_t>& splits,
-    std::vector<int64_t>& recv);
+    std::vector<int64_t>& recv,
+    const at::Tensor& into = at::Tensor(),
+    const std::vector<int64_t>& expect = {});
 
 // `in` prescaled already; returns this rank's block of the reduction,
 // written into `into` as allgather_work() does when `into` does not

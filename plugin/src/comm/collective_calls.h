@@ -8,6 +8,9 @@
 
 #include <ronde/collectives.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace ronde::detail {
 
 Handle allreduce_call(
@@ -32,8 +35,15 @@ Handle allgather_call(
     const CollectiveOptions& options,
     bool blocking,
     const at::Tensor& into = at::Tensor());
+// With `into`: what comes is written there, as above, when the rows
+// received from each rank equal `expect` (else a new tensor, so that the
+// caller can report the mismatch with its output untouched).
 Handle alltoall_call(
-    const at::Tensor& tensor, const AlltoallOptions& options, bool blocking);
+    const at::Tensor& tensor,
+    const AlltoallOptions& options,
+    bool blocking,
+    const at::Tensor& into = at::Tensor(),
+    const std::vector<int64_t>& expect = {});
 Handle reducescatter_call(
     const at::Tensor& tensor,
     const ReducescatterOptions& options,

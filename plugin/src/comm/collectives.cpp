@@ -211,7 +211,11 @@ std::vector<int64_t> alltoall_splits(
 }
 
 Handle alltoall_impl(
-    const at::Tensor& tensor, const AlltoallOptions& options, bool blocking) {
+    const at::Tensor& tensor,
+    const AlltoallOptions& options,
+    bool blocking,
+    const at::Tensor& into = at::Tensor(),
+    std::vector<int64_t> expect = {}) {
   Group& group = group_of(options.process_set(), "alltoall");
   const int n = group.size;
   std::string error = check_dtype(tensor);
@@ -232,12 +236,13 @@ Handle alltoall_impl(
     call.payload = at::tensor(splits, at::kLong);
   return submit(
       std::move(call),
-      [in, splits](
+      [in, splits, into, expect = std::move(expect)](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        state.result = alltoall_work(comm, ex, c, in, splits, state.splits);
+        state.result =
+            alltoall_work(comm, ex, c, in, splits, state.splits, into, expect);
       },
       {in},
       blocking);
@@ -328,8 +333,12 @@ Handle allgather_call(
 }
 
 Handle alltoall_call(
-    const at::Tensor& tensor, const AlltoallOptions& options, bool blocking) {
-  return alltoall_impl(tensor, options, blocking);
+    const at::Tensor& tensor,
+    const AlltoallOptions& options,
+    bool blocking,
+    const at::Tensor& into,
+    const std::vector<int64_t>& expect) {
+  return alltoall_impl(tensor, options, blocking, into, expect);
 }
 
 Handle reducescatter_call(
