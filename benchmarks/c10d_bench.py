@@ -11,6 +11,7 @@ it.
   all_gather_into_tensor bytes / n in per rank, bytes out
   reduce_scatter_tensor  bytes in per rank, bytes / n out, sum
   broadcast              in place, from rank 0
+  all_to_all_single      even splits, `bytes` in and out per rank
 """
 import argparse
 import json
@@ -23,7 +24,7 @@ import torch.distributed as dist
 import ronde.torch as rt
 
 OPS = ("all_reduce", "all_reduce_async", "all_gather_into_tensor",
-       "reduce_scatter_tensor", "broadcast")
+       "reduce_scatter_tensor", "broadcast", "all_to_all_single")
 
 
 def parse_size(s):
@@ -47,6 +48,11 @@ def callers(op, nbytes, n, gloo):
                                                 async_op=True).wait(),
                 "ronde_api": lambda: rt.synchronize(
                     rt.allreduce_async_(t, op=rt.Sum))}
+    if op == "all_to_all_single":
+        src, out = torch.ones(numel), torch.empty(numel)
+        return {"ronde": lambda: dist.all_to_all_single(out, src),
+                "gloo": lambda: dist.all_to_all_single(out, src, group=gloo),
+                "ronde_api": lambda: rt.alltoall(src)}
     if op == "broadcast":
         t = torch.ones(numel)
         return {"ronde": lambda: dist.broadcast(t, 0),
