@@ -46,10 +46,13 @@ TEST(Observe, ProfilerTracesHoldRondesRanges) {
 }
 
 // An asynchronous all-reduce waited on at once runs on the waiting thread
-// when the communication thread is idle; the optimizer's bucket
-// all-reduces stay on the communication thread (worker_observe.cpp).
+// when the communication thread is idle and the call is within
+// RONDE_HELP_BYTES; larger ones and the optimizer's bucket all-reduces
+// stay on the communication thread (worker_observe.cpp).
 TEST(Observe, AWaiterRunsQueuedCollectivesButNoHookTask) {
-  JobResult r = run_job(worker_spec({"waiter_helps"}, 2));
+  auto spec = worker_spec({"waiter_helps"}, 2);
+  spec.env["RONDE_HELP_BYTES"] = "8192";
+  JobResult r = run_job(spec);
   EXPECT_TRUE(r.all_succeeded()) << r.dump();
 }
 

@@ -223,7 +223,7 @@ std::unique_ptr<at::ObserverContext> count_allreduce(
 
 // Asynchronous all-reduces waited on at once run on the waiting thread
 // when the communication thread is idle (CommWorker::help), with the
-// right results; the optimizer's buckets (communication hook tasks) never
+// right results, as long as they are within RONDE_HELP_BYTES; the optimizer's buckets (communication hook tasks) never
 // do, and still overlap on the communication thread.
 int scenario_waiter_helps() {
   ronde::init();
@@ -247,6 +247,20 @@ int scenario_waiter_helps() {
   std::cout << "HELPED " << helped << " of " << calls << " on rank " << rank
             << std::endl;
   CHECK_W(helped > 0, "no queued all-reduce ran on the waiting thread");
+  // Above RONDE_HELP_BYTES (8 KiB, set by the test) the communication
+  // thread runs every one.
+  for (int i = 0; i < 50; ++i) {
+    torch::Tensor t = torch::full({4096}, static_cast<float>(rank + i));
+    ronde::allreduce_async_(
+        t, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum))
+        .wait();
+    const float want = static_cast<float>(n * i + n * (n - 1) / 2);
+    CHECK_W(t.eq(want).all().item<bool>(), "16 KiB call ", i);
+  }
+  CHECK_W(
+      g_on_waiter.load() == helped,
+      g_on_waiter.load() - helped,
+      " all-reduces above RONDE_HELP_BYTES ran on the waiting thread");
 
   torch::manual_seed(3);
   auto model = std::make_shared<Model>();

@@ -226,6 +226,17 @@ TEST(Settings, SharedMemoryVariables) {
       std::string::npos);
 }
 
+// RONDE_HELP_BYTES bounds the collectives a waiting thread runs itself.
+TEST(Settings, HelpBytes) {
+  EXPECT_FALSE(parse({}).help_bytes);
+  EXPECT_EQ(parse({{"RONDE_HELP_BYTES", "0"}}).help_bytes, size_t{0});
+  EXPECT_EQ(parse({{"RONDE_HELP_BYTES", "65536"}}).help_bytes, size_t{65536});
+  EXPECT_NE(
+      error_of({{"RONDE_HELP_BYTES", "16K"}})
+          .find("RONDE_HELP_BYTES='16K' is not a whole number of bytes"),
+      std::string::npos);
+}
+
 TEST(Settings, AcrossHostsVariables) {
   Settings d = parse({});
   EXPECT_EQ(d.socket_ifname, "");

@@ -25,6 +25,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -131,6 +132,10 @@ Handle submit(
         Fence{impl.getStream(device), c10::Event(device.type())});
     fence->ready.record(fence->caller);
   }
+  // Above the limit a waiting thread leaves the call to the communication
+  // thread, which its queueing has woken anyway.
+  const bool helpable = static_cast<size_t>(std::max<int64_t>(
+                            0, described_bytes(call.desc))) <= w.help_bytes;
   return group.worker->submit(
       [call = std::move(call),
        body = std::move(body),
@@ -188,7 +193,8 @@ Handle submit(
         }
       },
       blocking,
-      what);
+      what,
+      helpable);
 }
 
 Handle submit_task(

@@ -24,6 +24,7 @@
 
 #include <csignal>
 #include <iostream>
+#include <limits>
 #include <mutex>
 
 namespace ronde {
@@ -179,6 +180,8 @@ std::unique_ptr<World> connect(
   w->rank = info.rank;
   w->size = info.size;
   w->blocking_wait = settings.blocking_wait;
+  w->help_bytes =
+      settings.help_bytes.value_or(std::numeric_limits<size_t>::max());
   if (info.size > 1) {
     const bool authenticated =
         join_job_store(rt, settings).has_value();

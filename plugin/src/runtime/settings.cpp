@@ -101,6 +101,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_BUCKET_COPY",
       "RONDE_AUTOTUNE",
       "RONDE_LOG_ALL_RANKS",
+      "RONDE_HELP_BYTES",
       "RONDE_SHM",
       "RONDE_SHM_DIR",
       "RONDE_SHM_CHUNK_BYTES",
@@ -171,6 +172,7 @@ Settings read_settings(const EnvLookup& env) {
         " bytes");
     s.shm_tuning.chunk_bytes = *chunk;
   }
+  s.help_bytes = byte_count(env, "RONDE_HELP_BYTES");
   if (auto split = byte_count(env, "RONDE_SHM_SPLIT_BYTES"))
     s.shm_tuning.split_bytes = *split;
   if (auto arena = byte_count(env, "RONDE_SHM_ARENA_BYTES"))

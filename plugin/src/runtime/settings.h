@@ -54,6 +54,9 @@ struct Settings {
   std::optional<bool> autotune;
   // RONDE_LOG_ALL_RANKS: progress lines on every rank.
   bool log_all_ranks = false;
+  // RONDE_HELP_BYTES: the largest queued collective (bytes per rank) a
+  // thread waiting on it runs itself (CommWorker::help); unset: any.
+  std::optional<size_t> help_bytes;
   // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.
   bool shm = true;
   // RONDE_SHM_DIR, RONDE_SHM_CHUNK_BYTES (at least
