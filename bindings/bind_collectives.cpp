@@ -161,21 +161,33 @@ void bind_collectives(py::module_& m) {
       release_gil());
   m.def(
       "allgather",
-      [](const at::Tensor& t, const std::string& name, const ProcessSet& ps) {
-        return allgather(t, named(name, ps));
+      [](const at::Tensor& t,
+         const std::string& name,
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        if (!out)
+          return allgather(t, named(name, ps));
+        allgather_into(t, *out, named(name, ps));
+        return *out;
       },
       py::arg("tensor"),
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "allgather_async",
-      [](const at::Tensor& t, const std::string& name, const ProcessSet& ps) {
-        return allgather_async(t, named(name, ps));
+      [](const at::Tensor& t,
+         const std::string& name,
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        return out ? allgather_into_async(t, *out, named(name, ps))
+                   : allgather_async(t, named(name, ps));
       },
       py::arg("tensor"),
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "broadcast",
@@ -233,26 +245,35 @@ void bind_collectives(py::module_& m) {
       [](const at::Tensor& t,
          const std::optional<std::vector<int64_t>>& splits,
          const std::string& name,
-         const ProcessSet& ps) {
-        return alltoall(t, alltoall_options(splits, name, ps));
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        if (!out)
+          return alltoall(t, alltoall_options(splits, name, ps));
+        alltoall_into(t, *out, alltoall_options(splits, name, ps));
+        return *out;
       },
       py::arg("tensor"),
       py::arg("splits") = py::none(),
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "alltoall_async",
       [](const at::Tensor& t,
          const std::optional<std::vector<int64_t>>& splits,
          const std::string& name,
-         const ProcessSet& ps) {
-        return alltoall_async(t, alltoall_options(splits, name, ps));
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        return out ? alltoall_into_async(
+                         t, *out, alltoall_options(splits, name, ps))
+                   : alltoall_async(t, alltoall_options(splits, name, ps));
       },
       py::arg("tensor"),
       py::arg("splits") = py::none(),
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "reducescatter",
@@ -261,8 +282,14 @@ void bind_collectives(py::module_& m) {
          double pre,
          double post,
          const std::string& name,
-         const ProcessSet& ps) {
-        return reducescatter(t, reducescatter_options(op, pre, post, name, ps));
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        const ReducescatterOptions o =
+            reducescatter_options(op, pre, post, name, ps);
+        if (!out)
+          return reducescatter(t, o);
+        reducescatter_into(t, *out, o);
+        return *out;
       },
       py::arg("tensor"),
       op_arg,
@@ -270,6 +297,7 @@ void bind_collectives(py::module_& m) {
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "reducescatter_async",
@@ -278,9 +306,12 @@ void bind_collectives(py::module_& m) {
          double pre,
          double post,
          const std::string& name,
-         const ProcessSet& ps) {
-        return reducescatter_async(
-            t, reducescatter_options(op, pre, post, name, ps));
+         const ProcessSet& ps,
+         const std::optional<at::Tensor>& out) {
+        const ReducescatterOptions o =
+            reducescatter_options(op, pre, post, name, ps);
+        return out ? reducescatter_into_async(t, *out, o)
+                   : reducescatter_async(t, o);
       },
       py::arg("tensor"),
       op_arg,
@@ -288,6 +319,7 @@ void bind_collectives(py::module_& m) {
       py::arg("postscale_factor") = 1.0,
       py::arg("name") = "",
       py::arg("process_set") = ProcessSet(),
+      py::arg("out") = py::none(),
       release_gil());
   m.def(
       "barrier",

@@ -55,6 +55,7 @@ RONDE_SCENARIO(collectives) {
   check_broadcast();
   check_alltoall();
   check_reducescatter();
+  check_into();
   check_async();
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
@@ -180,6 +181,51 @@ RONDE_SCENARIO(mismatch) {
       [&] { ronde::allreduce(at::ones({2}, at::kInt)); },
       {"average of integer tensors"});
   expect_error([&] { ronde::broadcast(at::ones({2}), 99); }, {"root rank 99"});
+  // A bad `out` on one rank fails the _into forms on every rank.
+  expect_error(
+      [&] {
+        at::Tensor out = at::empty({2, 3}, me == 1 ? at::kDouble : at::kFloat);
+        ronde::reducescatter_into(at::ones({2 * n, 3}), out);
+      },
+      {"rejected", "rank 1: out is Double, the input Float"});
+  expect_error(
+      [&] {
+        at::Tensor out = at::empty({me == 0 ? 3 : 2, 3});
+        ronde::reducescatter_into(at::ones({2 * n, 3}), out);
+      },
+      {"rejected", "rank 0: out has 3 rows, this rank's part 2"});
+  expect_error(
+      [&] {
+        at::Tensor x = at::ones({n, 2});
+        ronde::alltoall_into(x, me == 1 ? x : at::empty({n, 2}));
+      },
+      {"rejected", "rank 1: out overlaps the input"});
+  expect_error(
+      [&] {
+        ronde::allgather_into(
+            at::ones({1, 3}),
+            me == 1 ? at::empty({3, n}).t() : at::empty({n, 3}));
+      },
+      {"rejected", "rank 1: out is not contiguous"});
+  // Rows that arrive otherwise than `out` holds fail on that rank alone,
+  // with `out` as it was; the others get the result.
+  {
+    at::Tensor x = at::full({2, 3}, static_cast<float>(me));
+    at::Tensor out = at::full({2 * n + (me == 0 ? 1 : 0), 3}, -1.0f);
+    if (me == 0) {
+      expect_error(
+          [&] { ronde::allgather_into(x, out); },
+          {"on rank 0: out has " + std::to_string(2 * n + 1) + " rows, but " +
+           std::to_string(2 * n) + " came; out is left as it was"});
+      CHECK_W(out.eq(-1).all().item<bool>(), "a failed allgather_into wrote");
+    } else {
+      ronde::allgather_into(x, out);
+      at::Tensor want =
+          at::arange(n, at::kFloat).repeat_interleave(2).unsqueeze(1).expand(
+              {2 * n, 3});
+      CHECK_W(at::equal(out, want), "allgather_into beside a failed one");
+    }
+  }
   // The communicator is still healthy afterwards.
   at::Tensor got = ronde::allreduce(
       at::ones({3}) * (me + 1),

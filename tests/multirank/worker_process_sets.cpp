@@ -56,6 +56,7 @@ RONDE_SCENARIO(process_sets) {
   check_broadcast(mine);
   check_alltoall(mine);
   check_reducescatter(mine);
+  check_into(mine);
   check_async(mine);
   // The job's own collectives meanwhile still span every rank.
   at::Tensor total = ronde::allreduce(

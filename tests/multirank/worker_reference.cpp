@@ -312,6 +312,69 @@ void check_reducescatter(const ronde::ProcessSet& ps) {
   }
 }
 
+// The _into forms write the same results into the caller's tensor: rows
+// that differ per rank, parts too large to ride with the check, uneven
+// splits.
+void check_into(const ronde::ProcessSet& ps) {
+  const int n = ps.size(), me = ps.rank();
+  for (int64_t big : {int64_t{0}, int64_t{400}}) {
+    auto rows_of = [&](int r) { return r == 1 ? int64_t{0} : r + 2 + big; };
+    at::Tensor x = input_for(me, 600 + big, {rows_of(me), 3}, at::kFloat);
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < n; ++r)
+      parts.push_back(input_for(r, 600 + big, {rows_of(r), 3}, at::kFloat));
+    at::Tensor want = at::cat(parts, 0);
+    at::Tensor out = at::full_like(want, -1);
+    ronde::allgather_into(x, out, ronde::CollectiveOptions().process_set(ps));
+    CHECK_W(at::equal(out, want), "allgather_into, ", big);
+  }
+  // Rank r sends (r + d) % 3 rows (plus `big`) to rank d.
+  for (int64_t big : {int64_t{0}, int64_t{300}}) {
+    auto split = [&](int r, int d) { return (r + d) % 3 + big; };
+    std::vector<int64_t> splits;
+    int64_t rows = 0, got_rows = 0;
+    for (int d = 0; d < n; ++d) {
+      splits.push_back(split(me, d));
+      rows += split(me, d);
+      got_rows += split(d, me);
+    }
+    at::Tensor x = input_for(me, 700 + big, {rows, 2}, at::kLong);
+    at::Tensor out = at::full({got_rows, 2}, -1, at::kLong);
+    const std::vector<int64_t> recv = ronde::alltoall_into(
+        x, out, ronde::AlltoallOptions().process_set(ps).splits(splits));
+    std::vector<at::Tensor> parts;
+    std::vector<int64_t> want_recv;
+    for (int r = 0; r < n; ++r) {
+      int64_t src_rows = 0, offset = 0;
+      for (int d = 0; d < n; ++d) {
+        src_rows += split(r, d);
+        if (d < me)
+          offset += split(r, d);
+      }
+      parts.push_back(input_for(r, 700 + big, {src_rows, 2}, at::kLong)
+                          .narrow(0, offset, split(r, me)));
+      want_recv.push_back(split(r, me));
+    }
+    CHECK_W(at::equal(out, at::cat(parts, 0)), "alltoall_into, ", big);
+    CHECK_W(recv == want_recv, "alltoall_into splits, ", big);
+  }
+  for (int64_t rows : {int64_t(2 * n + 1), int64_t(400 * n + 1)}) {
+    at::Tensor x = input_for(me, 800 + rows, {rows, 3}, at::kFloat);
+    const int64_t base = rows / n, extra = rows % n;
+    const int64_t start = me * base + std::min<int64_t>(me, extra);
+    const int64_t count = base + (me < extra ? 1 : 0);
+    at::Tensor out = at::full({count, 3}, -1.0f);
+    ronde::Handle h = ronde::reducescatter_into_async(
+        x, out, ronde::ReducescatterOptions().process_set(ps));
+    // Written where it lies, not copied there.
+    CHECK_W(h.result().data_ptr() == out.data_ptr(), "result is not out");
+    at::Tensor full = reference_reduce(
+        n, 800 + rows, {rows, 3}, at::kFloat, ronde::ReduceOp::Average);
+    CHECK_W(
+        close(out, full.narrow(0, start, count)), "reducescatter_into ", rows);
+  }
+}
+
 void check_async(const ronde::ProcessSet& ps) {
   const int n = ps.size(), me = ps.rank();
   std::vector<ronde::Handle> handles;

@@ -49,6 +49,7 @@ void check_allgather(const ronde::ProcessSet& ps = {});
 void check_broadcast(const ronde::ProcessSet& ps = {});
 void check_alltoall(const ronde::ProcessSet& ps = {});
 void check_reducescatter(const ronde::ProcessSet& ps = {});
+void check_into(const ronde::ProcessSet& ps = {});
 void check_async(const ronde::ProcessSet& ps = {});
 
 }  // namespace ronde::testing

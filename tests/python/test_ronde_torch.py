@@ -147,6 +147,15 @@ def test_collectives_and_async_handles(ranks):
         # Sum of (arange(4) + 0) and (arange(4) + 1), rows 2r and 2r+1.
         torch.testing.assert_close(
             res["reducescatter"], torch.tensor([4.0 * r + 1, 4.0 * r + 3]))
+        # out=: the same results, written into the given tensors.
+        assert res["into_same"] == [True, True, True]
+        torch.testing.assert_close(res["into"]["allgather"], res["allgather"])
+        torch.testing.assert_close(res["into"]["alltoall"], want)
+        torch.testing.assert_close(res["into"]["reducescatter"],
+                                   res["reducescatter"])
+        torch.testing.assert_close(res["into_async"], res["reducescatter"])
+        # Rows that do not fit `out` fail on the rank, after the collective.
+        assert "out has 3 rows, but 2 came" in res["into_error"]
 
 
 def test_process_sets(ranks):

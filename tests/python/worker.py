@@ -146,6 +146,26 @@ def collectives(out):
     res["received_splits"] = ha.received_splits()
     res["reducescatter"] = rt.reducescatter(
         torch.arange(n * 2.0) + r, op=rt.Sum)
+    # The same into tensors the caller keeps: each call returns its `out`.
+    outs = {"allgather": torch.full((n * (n + 1) // 2, 2), -1.0),
+            "alltoall": torch.full((n * 2,), -1.0),
+            "reducescatter": torch.full((2,), -1.0)}
+    res["into_same"] = [
+        rt.allgather(torch.full((r + 1, 2), float(r)),
+                     out=outs["allgather"]) is outs["allgather"],
+        rt.alltoall(torch.arange(n * 2.0) + 100 * r,
+                    out=outs["alltoall"]) is outs["alltoall"],
+        rt.reducescatter(torch.arange(n * 2.0) + r, op=rt.Sum,
+                         out=outs["reducescatter"]) is outs["reducescatter"]]
+    res["into"] = outs
+    hr = rt.reducescatter_async(torch.arange(n * 2.0) + r, op=rt.Sum,
+                                out=torch.zeros(2))
+    res["into_async"] = rt.synchronize(hr)
+    try:
+        rt.allgather(torch.ones(1, 2), out=torch.zeros(n + 1, 2))
+        res["into_error"] = None
+    except RuntimeError as e:
+        res["into_error"] = str(e)
     rt.barrier()
     rt.barrier_async().wait()
     save(out, "collectives", res)

@@ -161,6 +161,43 @@ Handle reducescatter_async(
 at::Tensor reducescatter(
     const at::Tensor& tensor, const ReducescatterOptions& options = {});
 
+// allgather, alltoall and reducescatter into `out`, a tensor the caller
+// keeps: no new tensor per call, so a large result's fresh pages are not
+// faulted in on every call. `out` must be contiguous, of the input's dtype
+// and device, the input's shape beyond dim 0, apart from the input, and
+// have the result's rows: every rank's rows for allgather, the rows
+// received for alltoall, this rank's part for reducescatter. A wrong dtype,
+// device, layout, shape, overlap or (reducescatter) row count fails on
+// every rank before anything moves, as a mismatched input does. Rows that
+// arrive otherwise than `out` holds (allgather, alltoall: known once the
+// ranks' rows are exchanged) fail on this rank only, with `out` left as it
+// was; the collective itself ran on every rank, which go on.
+// alltoall_into() returns the rows received from each rank.
+Handle allgather_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const CollectiveOptions& options = {});
+void allgather_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const CollectiveOptions& options = {});
+Handle alltoall_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const AlltoallOptions& options = {});
+std::vector<int64_t> alltoall_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const AlltoallOptions& options = {});
+Handle reducescatter_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const ReducescatterOptions& options = {});
+void reducescatter_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const ReducescatterOptions& options = {});
+
 // Returns once every rank of the set has entered it.
 Handle barrier_async(const ProcessSet& process_set = {});
 void barrier(const ProcessSet& process_set = {});

@@ -32,17 +32,19 @@ BackendOp backend_op(ReduceOp op) {
 namespace {
 
 // The output of a collective that writes `numel` elements shaped `shape`
-// like `in`: `into`'s first elements when it can hold them, else a new
-// tensor. With `apart`, only when they do not overlap `in` either.
+// like `in`: `into`'s first elements when it can hold them (with `exact`,
+// only when it holds exactly that many), else a new tensor. With `apart`,
+// only when they do not overlap `in` either.
 at::Tensor output_for(
     const at::Tensor& in,
     at::IntArrayRef shape,
     int64_t numel,
     const at::Tensor& into,
-    bool apart) {
+    bool apart,
+    bool exact) {
   if (into.defined() && into.is_contiguous() &&
       into.scalar_type() == in.scalar_type() && into.device() == in.device() &&
-      into.numel() >= numel) {
+      (exact ? into.numel() == numel : into.numel() >= numel)) {
     const auto* a = static_cast<const uint8_t*>(into.data_ptr());
     const auto* b = static_cast<const uint8_t*>(in.data_ptr());
     const size_t a_bytes = static_cast<size_t>(numel) * in.element_size();
@@ -174,7 +176,8 @@ at::Tensor allgather_work(
     const Exchanged& ex,
     const Call& c,
     const at::Tensor& in,
-    const at::Tensor& into) {
+    const at::Tensor& into,
+    bool exact) {
   const std::vector<Descriptor>& all = ex.all;
   const int64_t row = row_bytes(in);
   std::vector<size_t> bytes(all.size());
@@ -189,7 +192,7 @@ at::Tensor allgather_work(
   // it): the backends write that block from `in` itself.
   at::Tensor out = output_for(
       in, shape_with_dim0(in, rows), rows * row / in.element_size(), into,
-      /*apart=*/false);
+      /*apart=*/false, exact);
   if (!ex.payloads.empty()) {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (size_t r = 0; r < all.size(); ++r) {
@@ -213,7 +216,8 @@ at::Tensor alltoall_work(
     const std::vector<int64_t>& splits,
     std::vector<int64_t>& recv,
     const at::Tensor& into,
-    const std::vector<int64_t>& expect) {
+    const std::vector<int64_t>& expect,
+    bool exact) {
   const int n = comm.size();
   // Every rank's send splits, so each knows what it receives.
   std::vector<int64_t> matrix(static_cast<size_t>(n) * n);
@@ -248,7 +252,8 @@ at::Tensor alltoall_work(
   // `in`, which is read while the output is written.
   at::Tensor out = output_for(
       in, shape_with_dim0(in, rows), rows * row / in.element_size(),
-      recv == expect ? into : at::Tensor(), /*apart=*/true);
+      expect.empty() || recv == expect ? into : at::Tensor(),
+      /*apart=*/true, exact);
   guarded(comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
   return out;
 }
@@ -261,7 +266,8 @@ at::Tensor reducescatter_work(
     const at::Tensor& in,
     ReduceOp op,
     double post,
-    const at::Tensor& into) {
+    const at::Tensor& into,
+    bool exact) {
   // Dim 0 split as evenly as it goes, the first blocks one row longer.
   const int n = comm.size();
   const int me = comm.rank();
@@ -275,7 +281,7 @@ at::Tensor reducescatter_work(
   // written (the in-place form gets a new tensor, copied out).
   at::Tensor out = output_for(
       in, shape_with_dim0(in, block_rows(me)), counts[me], into,
-      /*apart=*/true);
+      /*apart=*/true, exact);
   if (!ex.payloads.empty()) {
     // Reduce this rank's block only.
     int64_t first = 0;

@@ -43,18 +43,20 @@ void broadcast_work(
 // concatenated in rank order: into the first elements of `into` (a buffer
 // the caller keeps: no fresh pages to fault in, no copy out) when it is
 // contiguous, of `in`'s type and device and large enough (`in` may be its
-// own block there); else into a new tensor.
+// own block there); else into a new tensor. With `exact`, into `into` only
+// when it holds exactly the result's elements.
 at::Tensor allgather_work(
     Communicator& comm,
     const Exchanged& ex,
     const Call& c,
     const at::Tensor& in,
-    const at::Tensor& into = at::Tensor());
+    const at::Tensor& into = at::Tensor(),
+    bool exact = false);
 
 // Sends splits[r] rows of `in` to rank r; returns what came, and in `recv`
 // how many rows from each rank. What came is written into `into` (as
 // allgather_work() does, when `into` does not overlap `in`) if `recv`
-// equals `expect`.
+// equals `expect`, or `expect` is empty.
 at::Tensor alltoall_work(
     Communicator& comm,
     const Exchanged& ex,
@@ -63,7 +65,8 @@ at::Tensor alltoall_work(
     const std::vector<int64_t>& splits,
     std::vector<int64_t>& recv,
     const at::Tensor& into = at::Tensor(),
-    const std::vector<int64_t>& expect = {});
+    const std::vector<int64_t>& expect = {},
+    bool exact = false);
 
 // `in` prescaled already; returns this rank's block of the reduction,
 // written into `into` as allgather_work() does when `into` does not
@@ -75,6 +78,7 @@ at::Tensor reducescatter_work(
     const at::Tensor& in,
     ReduceOp op,
     double post,
-    const at::Tensor& into = at::Tensor());
+    const at::Tensor& into = at::Tensor(),
+    bool exact = false);
 
 }  // namespace ronde::detail

@@ -58,10 +58,4 @@ Handle barrier_call(const ProcessSet& process_set, bool blocking);
 at::Tensor bucket_zeros(
     const ProcessSet& set, int64_t numel, const at::TensorOptions& options);
 
-// allgather_call(tensor, options, false, into).
-Handle allgather_into_async(
-    const at::Tensor& tensor,
-    const at::Tensor& into,
-    const CollectiveOptions& options = {});
-
 }  // namespace ronde::detail

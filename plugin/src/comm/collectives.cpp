@@ -12,6 +12,7 @@
 #include "comm/world.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 namespace ronde {
@@ -55,6 +56,71 @@ std::string check_reduction(
 at::Tensor working_copy(const at::Tensor& tensor, bool in_place) {
   return in_place && tensor.is_contiguous() ? tensor
                                             : tensor.contiguous().clone();
+}
+
+// What is wrong with `out` as the caller's output (the _into forms) of a
+// collective on `tensor` whose result has `rows` rows (-1: known only once
+// the ranks' rows are exchanged) and `tensor`'s other dims; `in` is what the
+// collective reads, which `out` must not overlap. Empty when nothing is.
+std::string check_out(
+    const at::Tensor& tensor,
+    const at::Tensor& in,
+    const at::Tensor& out,
+    int64_t rows) {
+  if (!out.defined())
+    return "out is undefined";
+  if (!tensor.defined() || tensor.dim() == 0)
+    return "";  // the input's own complaint
+  if (out.scalar_type() != tensor.scalar_type()) {
+    return std::string("out is ") + c10::toString(out.scalar_type()) +
+        ", the input " + c10::toString(tensor.scalar_type());
+  }
+  if (out.device() != tensor.device())
+    return "out is on " + out.device().str() + ", the input on " +
+        tensor.device().str();
+  if (!out.is_contiguous())
+    return "out is not contiguous";
+  if (out.dim() != tensor.dim() ||
+      out.sizes().slice(1) != tensor.sizes().slice(1)) {
+    return "out's shape " + c10::str(out.sizes()) + " differs from the " +
+        "input's " + c10::str(tensor.sizes()) + " beyond dim 0";
+  }
+  if (rows >= 0 && out.size(0) != rows) {
+    return "out has " + std::to_string(out.size(0)) + " rows, this rank's " +
+        "part " + std::to_string(rows);
+  }
+  if (in.defined() &&
+      at::get_overlap_status(out, in) != at::MemOverlapStatus::No)
+    return "out overlaps the input, which the collective reads";
+  return "";
+}
+
+// The input as the collective reads it where that is its own storage (a
+// contiguous one); undefined where it reads a copy, which nothing overlaps.
+at::Tensor read_in_place(const at::Tensor& tensor) {
+  return tensor.is_contiguous() ? tensor : at::Tensor();
+}
+
+// After a collective into the caller's `out`: its result went elsewhere
+// only when the rows that came are not what `out` holds (check_out() ruled
+// out the rest). Fails on this rank alone: the collective itself ran
+// everywhere, and `out` is as it was.
+void expect_out(const Call& c, const at::Tensor& result, const at::Tensor& out) {
+  if (result.data_ptr() == out.data_ptr() && result.numel() == out.numel())
+    return;
+  TORCH_CHECK(
+      false,
+      "ronde: ",
+      to_string(c.kind),
+      c.group->label(),
+      c.name.empty() ? "" : " '" + c.name + "'",
+      " on rank ",
+      world(to_string(c.kind)).rank,
+      ": out has ",
+      out.size(0),
+      " rows, but ",
+      result.size(0),
+      " came; out is left as it was");
 }
 
 Handle allreduce_impl(
@@ -137,16 +203,22 @@ Handle broadcast_impl(
       blocking);
 }
 
+// `exact`: `into` is the caller's `out` (allgather_into), which must be
+// the result's exact shape; else a buffer used when it fits.
 Handle allgather_impl(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
     bool blocking,
-    const at::Tensor& into = at::Tensor()) {
+    const at::Tensor& into = at::Tensor(),
+    bool exact = false) {
   Group& group = group_of(options.process_set(), "allgather");
   std::string error = check_dtype(tensor);
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "allgather needs at least one dimension (it concatenates dim 0)";
   }
+  at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
+  if (error.empty() && exact)
+    error = check_out(tensor, in, into, -1);
   // Always exchanged: the descriptors carry every rank's dim 0.
   Call call = make_call(
       group,
@@ -157,19 +229,22 @@ Handle allgather_impl(
       -1,
       -1,
       error);
-  at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
+  if (!error.empty())
+    in = at::Tensor();
   if (in.defined() && in.is_cpu())
     call.payload = in;
   return submit(
       std::move(call),
-      [in, into](
+      [in, into, exact](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        state.result = allgather_work(comm, ex, c, in, into);
+        state.result = allgather_work(comm, ex, c, in, into, exact);
+        if (exact)
+          expect_out(c, state.result, into);
       },
-      {in},
+      {in, into},
       blocking);
 }
 
@@ -215,12 +290,15 @@ Handle alltoall_impl(
     const AlltoallOptions& options,
     bool blocking,
     const at::Tensor& into = at::Tensor(),
-    std::vector<int64_t> expect = {}) {
+    std::vector<int64_t> expect = {},
+    bool exact = false) {
   Group& group = group_of(options.process_set(), "alltoall");
   const int n = group.size;
   std::string error = check_dtype(tensor);
   const std::vector<int64_t> splits =
       alltoall_splits(tensor, options.splits(), n, error);
+  if (error.empty() && exact)
+    error = check_out(tensor, read_in_place(tensor), into, -1);
   Call call = make_call(
       group,
       OpKind::Alltoall,
@@ -236,15 +314,17 @@ Handle alltoall_impl(
     call.payload = at::tensor(splits, at::kLong);
   return submit(
       std::move(call),
-      [in, splits, into, expect = std::move(expect)](
+      [in, splits, into, expect = std::move(expect), exact](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        state.result =
-            alltoall_work(comm, ex, c, in, splits, state.splits, into, expect);
+        state.result = alltoall_work(
+            comm, ex, c, in, splits, state.splits, into, expect, exact);
+        if (exact)
+          expect_out(c, state.result, into);
       },
-      {in},
+      {in, into},
       blocking);
 }
 
@@ -252,12 +332,20 @@ Handle reducescatter_impl(
     const at::Tensor& tensor,
     const ReducescatterOptions& o,
     bool blocking,
-    const at::Tensor& into = at::Tensor()) {
+    const at::Tensor& into = at::Tensor(),
+    bool exact = false) {
   Group& group = group_of(o.process_set(), "reducescatter");
   std::string error = check_reduction(
       tensor, o.op(), o.prescale_factor(), o.postscale_factor());
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "reducescatter needs at least one dimension (it splits dim 0)";
+  }
+  if (error.empty() && exact && group.rank >= 0) {
+    // This rank's part: dim 0 split as evenly as it goes, the first blocks
+    // one row longer (reducescatter_work()).
+    const int64_t rows = tensor.defined() ? tensor.size(0) : 0;
+    const int64_t mine = rows / group.size + (group.rank < rows % group.size);
+    error = check_out(tensor, read_in_place(tensor), into, mine);
   }
   Call call = make_call(
       group,
@@ -280,15 +368,17 @@ Handle reducescatter_impl(
     call.payload = in;
   return submit(
       std::move(call),
-      [in, o, into](
+      [in, o, into, exact](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
         state.result = reducescatter_work(
-            comm, ex, c, in, o.op(), o.postscale_factor(), into);
+            comm, ex, c, in, o.op(), o.postscale_factor(), into, exact);
+        if (exact)
+          expect_out(c, state.result, into);
       },
-      {in},
+      {in, into},
       blocking);
 }
 
@@ -351,13 +441,6 @@ Handle reducescatter_call(
 
 Handle barrier_call(const ProcessSet& process_set, bool blocking) {
   return barrier_impl(process_set, blocking);
-}
-
-Handle allgather_into_async(
-    const at::Tensor& tensor,
-    const at::Tensor& into,
-    const CollectiveOptions& options) {
-  return allgather_impl(tensor, options, /*blocking=*/false, into);
 }
 
 }  // namespace detail
@@ -433,6 +516,49 @@ Handle reducescatter_async(
 at::Tensor reducescatter(
     const at::Tensor& tensor, const ReducescatterOptions& options) {
   return detail::reducescatter_impl(tensor, options, kBlocking).result();
+}
+
+Handle allgather_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const CollectiveOptions& options) {
+  return detail::allgather_impl(tensor, options, kAsync, out, /*exact=*/true);
+}
+
+void allgather_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const CollectiveOptions& options) {
+  detail::allgather_impl(tensor, options, kBlocking, out, true).wait();
+}
+
+Handle alltoall_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const AlltoallOptions& options) {
+  return detail::alltoall_impl(tensor, options, kAsync, out, {}, true);
+}
+
+std::vector<int64_t> alltoall_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const AlltoallOptions& options) {
+  return detail::alltoall_impl(tensor, options, kBlocking, out, {}, true)
+      .received_splits();
+}
+
+Handle reducescatter_into_async(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const ReducescatterOptions& options) {
+  return detail::reducescatter_impl(tensor, options, kAsync, out, true);
+}
+
+void reducescatter_into(
+    const at::Tensor& tensor,
+    const at::Tensor& out,
+    const ReducescatterOptions& options) {
+  detail::reducescatter_impl(tensor, options, kBlocking, out, true).wait();
 }
 
 Handle barrier_async(const ProcessSet& process_set) {

@@ -226,13 +226,14 @@ void GradientEngine::gather_parameters() {
         pool.scalar_type() != first.scalar_type() ||
         pool.device() != first.device())
       pool = at::empty({b.numel}, opts);
-    handles[bi] = allgather_into_async(
+    handles[bi] = allgather_call(
         mine.view({(hi - lo) / kShardAlign, kShardAlign}),
-        pool,
         CollectiveOptions()
             .name(b.name + " gather")
             .process_set(set)
-            .verify(!gather_verified_ || bi == 0));
+            .verify(!gather_verified_ || bi == 0),
+        /*blocking=*/false,
+        pool);
     // One bucket in flight while the last one is copied out: at most two
     // gathered buckets exist at once.
     if (bi > 0)

@@ -132,15 +132,19 @@ def _splits(splits):
     return [int(s) for s in splits]
 
 
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor, splits=None, name=None, process_set=None, out=None):
     """Rows ``splits[r]`` go to rank ``r`` (a list or a 1-d integer tensor,
-    as in Horovod; equal parts when omitted)."""
-    return _C.alltoall(tensor, _splits(splits), name or "", _set(process_set))
+    as in Horovod; equal parts when omitted). With ``out``, what comes is
+    written there (it must hold exactly the rows received) and ``out`` is
+    returned."""
+    return _C.alltoall(tensor, _splits(splits), name or "", _set(process_set),
+                       out)
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=None):
+def alltoall_async(tensor, splits=None, name=None, process_set=None,
+                   out=None):
     return _C.alltoall_async(tensor, _splits(splits), name or "",
-                             _set(process_set))
+                             _set(process_set), out)
 
 
 def _grouped(tensors, op, name, prescale, postscale, process_set, out):
