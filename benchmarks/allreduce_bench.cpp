@@ -2,11 +2,14 @@
 // `ronderun -np 2 allreduce_bench -b 4K -e 256M -f 2 --json out.json`.
 // --op picks the collective: allreduce (the default, in place, float32 sum),
 // broadcast (in place, from rank 0), allgather (bytes / n per rank, bytes
-// out) or reducescatter (bytes in, bytes / n out, sum). For each size:
+// out), reducescatter (bytes in, bytes / n out, sum) or alltoall (bytes in
+// and out, bytes / n to each rank). --into makes the last three write into
+// an output kept across calls (allgather_into() and the others) instead of
+// a new tensor per call. For each size:
 // warm-up calls, then timed calls; the median is reported as time, algbw
 // (bytes / time, bytes the larger of input and output) and busbw (algbw x
-// 2(n-1)/n for allreduce, x 1 for broadcast, x (n-1)/n for allgather and
-// reducescatter, as nccl-tests defines them), with the cross-rank descriptor
+// 2(n-1)/n for allreduce, x 1 for broadcast, x (n-1)/n for allgather,
+// reducescatter and alltoall, as nccl-tests defines them), with the cross-rank descriptor
 // check on (the default) and off, so the check's cost is measured rather
 // than guessed. --handoff times a third form: the async call and its
 // wait, which goes through the communication thread where the blocking
@@ -76,7 +79,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
-enum class Op { Allreduce, Broadcast, Allgather, Reducescatter };
+enum class Op { Allreduce, Broadcast, Allgather, Reducescatter, Alltoall };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -88,18 +91,25 @@ const char* op_name(Op op) {
       return "allgather";
     case Op::Reducescatter:
       return "reducescatter";
+    case Op::Alltoall:
+      return "alltoall";
   }
   return "?";
 }
 
 Op parse_op(const std::string& s) {
   for (Op op :
-       {Op::Allreduce, Op::Broadcast, Op::Allgather, Op::Reducescatter}) {
+       {Op::Allreduce,
+        Op::Broadcast,
+        Op::Allgather,
+        Op::Reducescatter,
+        Op::Alltoall}) {
     if (s == op_name(op))
       return op;
   }
   throw std::invalid_argument(
-      "--op: " + s + " (allreduce, broadcast, allgather, reducescatter)");
+      "--op: " + s +
+      " (allreduce, broadcast, allgather, reducescatter, alltoall)");
 }
 
 const char* describe(Op op) {
@@ -112,6 +122,8 @@ const char* describe(Op op) {
       return "float32, bytes / n in per rank";
     case Op::Reducescatter:
       return "float32 sum, bytes / n out per rank";
+    case Op::Alltoall:
+      return "float32, bytes / n to each rank";
   }
   return "?";
 }
@@ -128,12 +140,16 @@ double bus_factor(Op op, int n) {
       return 1.0;
     case Op::Allgather:
     case Op::Reducescatter:
+    case Op::Alltoall:
       return static_cast<double>(n - 1) / n;
   }
   return 1.0;
 }
 
 bool g_arena = false;  // --arena
+// --into: allgather, reducescatter and alltoall write into an output kept
+// across calls (the _into forms) instead of a new tensor per call.
+bool g_into = false;
 // The set the sweep runs on (--process-set); the job by default.
 ronde::ProcessSet g_set;
 
@@ -148,7 +164,7 @@ at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
     *total = per_rank * n * 4;
     return at::ones({per_rank});
   }
-  if (op == Op::Reducescatter)
+  if (op == Op::Reducescatter || op == Op::Alltoall)
     count = std::max<int64_t>(1, count / n) * n;
   *total = count * 4;
   if (g_arena && op == Op::Allreduce)
@@ -179,6 +195,14 @@ std::function<void()> make_call(
     }
     case Op::Allgather: {
       auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
+      if (g_into) {
+        at::Tensor out = at::empty({t.numel() * g_set.size()});
+        if (queued)
+          return [t, out, opts] {
+            ronde::allgather_into_async(t, out, opts).wait();
+          };
+        return [t, out, opts] { ronde::allgather_into(t, out, opts); };
+      }
       if (queued)
         return [t, opts] { ronde::allgather_async(t, opts).wait(); };
       return [t, opts] { ronde::allgather(t, opts); };
@@ -188,9 +212,31 @@ std::function<void()> make_call(
                       .op(ronde::ReduceOp::Sum)
                       .verify(verify)
                       .process_set(g_set);
+      if (g_into) {
+        at::Tensor out = at::empty({t.numel() / g_set.size()});
+        if (queued)
+          return [t, out, opts] {
+            ronde::reducescatter_into_async(t, out, opts).wait();
+          };
+        return [t, out, opts] { ronde::reducescatter_into(t, out, opts); };
+      }
       if (queued)
         return [t, opts] { ronde::reducescatter_async(t, opts).wait(); };
       return [t, opts] { ronde::reducescatter(t, opts); };
+    }
+    case Op::Alltoall: {
+      auto opts = ronde::AlltoallOptions().verify(verify).process_set(g_set);
+      if (g_into) {
+        at::Tensor out = at::empty_like(t);
+        if (queued)
+          return [t, out, opts] {
+            ronde::alltoall_into_async(t, out, opts).wait();
+          };
+        return [t, out, opts] { ronde::alltoall_into(t, out, opts); };
+      }
+      if (queued)
+        return [t, opts] { ronde::alltoall_async(t, opts).wait(); };
+      return [t, opts] { ronde::alltoall(t, opts); };
     }
   }
   throw std::logic_error("unknown op");
@@ -347,7 +393,8 @@ int run_collective(Op op, const Sweep& s) {
        << op_name(op) << "\",\"ranks\":" << n
        << ",\"job_ranks\":" << ronde::size() << ",\"process_set\":\""
        << s.process_set << "\",\"dtype\":\"float32\""
-       << ",\"arena\":" << (g_arena ? "true" : "false");
+       << ",\"arena\":" << (g_arena ? "true" : "false")
+       << ",\"into\":" << (g_into ? "true" : "false");
   if (reduces)
     json << ",\"reduce_op\":\"sum\"";
   if (op == Op::Broadcast)
@@ -355,12 +402,13 @@ int run_collective(Op op, const Sweep& s) {
   json << ",\"backend\":\"" << backend << "\",\"results\":[";
   if (rank == 0) {
     std::printf(
-        "# ronde %s, %d ranks, %s, over %s%s, median\n",
+        "# ronde %s, %d ranks, %s, over %s%s%s, median\n",
         op_name(op),
         n,
         describe(op),
         backend.c_str(),
-        g_arena ? ", buffer in the arena" : "");
+        g_arena ? ", buffer in the arena" : "",
+        g_into ? ", into a kept output" : "");
     std::printf(
         "%12s %10s %10s %10s %10s %10s",
         "bytes",
@@ -471,6 +519,8 @@ int main(int argc, char** argv) {
         s.handoff = true;
       else if (a == "--arena")
         g_arena = true;
+      else if (a == "--into")
+        g_into = true;
       else if (a == "--loop")
         s.loop = std::stoi(next());
       else
@@ -485,8 +535,8 @@ int main(int argc, char** argv) {
     std::cerr << "allreduce_bench: " << e.what() << "\n"
               << "usage: allreduce_bench [-b 4K] [-e 256M] [-f 2] [-w 3] "
                  "[-n 5] [--json FILE] [--handoff] [--loop N] [--arena]\n"
-                 "                       [--op allreduce|broadcast|"
-                 "allgather|reducescatter | --memcpy]\n"
+                 "                       [--into] [--op allreduce|broadcast|"
+                 "allgather|reducescatter|alltoall | --memcpy]\n"
                  "                       [--process-set global|all|half]\n";
     return 2;
   }
