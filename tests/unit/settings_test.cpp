@@ -199,7 +199,7 @@ TEST(Settings, SharedMemoryVariables) {
   Settings d = parse({});
   EXPECT_TRUE(d.shm);
   EXPECT_EQ(d.shm_tuning.dir, "/dev/shm");
-  EXPECT_EQ(d.shm_tuning.chunk_bytes, 256u << 10);
+  EXPECT_EQ(d.shm_tuning.chunk_bytes, 512u << 10);
   EXPECT_EQ(d.shm_tuning.split_bytes, 1u << 20);
   Settings s = parse(
       {{"RONDE_SHM", "0"},

@@ -35,6 +35,7 @@
 namespace shm = ronde::detail::shm;
 using ronde::detail::DType;
 using ronde::detail::Reduction;
+using ronde::detail::ShmTuning;
 using namespace ronde::testing::shm_job;
 
 namespace {
@@ -260,6 +261,27 @@ INSTANTIATE_TEST_SUITE_P(
         "reducescatter",
         "alltoall",
         "barrier"));
+
+// The all-reduce fused with the check's frames is held to kMaxFusedBytes
+// whatever the chunk; a small chunk holds it to the rest of the chunk.
+TEST(ShmTransport, FusedStepIsHeldToItsLimit) {
+  Job job;
+  const int n = 2;
+  job.start(n, [&](int r) {
+    shm::Options o = job.options(r, n);
+    o.chunk_bytes = size_t{1} << 20;
+    auto big = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+    auto small = shm::Transport::connect(
+        job.options(r, n), file_rendezvous(job.rv_dir, "s"));
+    const size_t frame = 40;  // rounded up to one cache line
+    if (big->fused_capacity(frame) != ShmTuning::kMaxFusedBytes - 64)
+      return 1;
+    if (small->fused_capacity(frame) != 4096 - 64)
+      return 2;
+    return 0;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+}
 
 TEST(ShmTransport, WaitingForALatePeerSleeps) {
   Job job;

@@ -181,7 +181,8 @@ const void* Transport::own_input(const void* data, size_t bytes) {
 
 size_t Transport::fused_capacity(size_t frame_bytes) const {
   const size_t at = after_frame(frame_bytes);
-  return chunk_ > at ? chunk_ - at : 0;
+  const size_t room = std::min(chunk_, ShmTuning::kMaxFusedBytes);
+  return room > at ? room - at : 0;
 }
 
 bool Transport::exchange_frames(

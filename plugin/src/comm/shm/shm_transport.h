@@ -138,7 +138,7 @@ class Transport {
       Reduction op,
       const std::function<bool(const void* frames)>& reduce_now);
   // The all-reduce bytes that fit beside a frame of frame_bytes: the rest of
-  // a slot's input area.
+  // a slot's input area, of at most ShmTuning::kMaxFusedBytes.
   size_t fused_capacity(size_t frame_bytes) const;
 
   // Marks this rank's segment aborted (peers waiting on it fail at once) and
