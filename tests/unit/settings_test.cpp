@@ -200,7 +200,10 @@ TEST(Settings, SharedMemoryVariables) {
   EXPECT_TRUE(d.shm);
   EXPECT_EQ(d.shm_tuning.dir, "/dev/shm");
   EXPECT_EQ(d.shm_tuning.chunk_bytes, 512u << 10);
-  EXPECT_EQ(d.shm_tuning.split_bytes, 1u << 20);
+  EXPECT_FALSE(d.shm_tuning.split_bytes);
+  // Unset: never split between two ranks, from 1 MiB between more.
+  EXPECT_EQ(d.shm_tuning.split_bytes_for(2), SIZE_MAX);
+  EXPECT_EQ(d.shm_tuning.split_bytes_for(3), 1u << 20);
   Settings s = parse(
       {{"RONDE_SHM", "0"},
        {"RONDE_SHM_DIR", "/run/shm"},
@@ -210,6 +213,7 @@ TEST(Settings, SharedMemoryVariables) {
   EXPECT_EQ(s.shm_tuning.dir, "/run/shm");
   EXPECT_EQ(s.shm_tuning.chunk_bytes, 65536u);
   EXPECT_EQ(s.shm_tuning.split_bytes, 0u);
+  EXPECT_EQ(s.shm_tuning.split_bytes_for(2), 0u);
   EXPECT_NE(
       error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}}).find(
           "RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <limits>
+#include <optional>
 #include <string>
 
 namespace ronde::detail {
@@ -33,8 +35,20 @@ struct ShmTuning {
   // that step was 1.16x slower than the check and a step of its own.
   static constexpr size_t kMaxFusedBytes = size_t{256} << 10;
   // All-reduces from this size reduce-scatter and all-gather in memory;
-  // below it one sync of everyone reducing everything is cheaper.
-  size_t split_bytes = size_t{1} << 20;
+  // below it one sync of everyone reducing everything is cheaper. Unset:
+  // split_bytes_for() the rank count.
+  std::optional<size_t> split_bytes;
+  // Between more than two ranks, from 1 MiB: there each rank reduces 1/n
+  // instead of all n inputs. Between two ranks never: reducing whole reads
+  // as much of the peer's memory as the split, with one copy and one
+  // synchronisation less a step, and was 1.16x to 1.6x faster from 1 MiB
+  // to 64 MiB with 512 KiB chunks (docs/shared_memory.md).
+  static constexpr size_t kSplitBytes = size_t{1} << 20;
+  size_t split_bytes_for(int ranks) const {
+    if (split_bytes)
+      return *split_bytes;
+    return ranks > 2 ? kSplitBytes : std::numeric_limits<size_t>::max();
+  }
   // Each rank's arena for buffers that peers read where they lie (the
   // gradient buckets): address space only, until a buffer reserves its
   // pages. 0: no arena, every all-reduce copies through the slots.

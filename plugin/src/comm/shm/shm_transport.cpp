@@ -143,7 +143,7 @@ Transport::Transport(
     : rank_(o.rank),
       size_(o.size),
       chunk_(o.chunk_bytes),
-      split_bytes_(o.split_bytes),
+      split_bytes_(o.split_bytes_for(o.size)),
       zero_copy_bytes_(o.zero_copy_bytes),
       timeout_(o.timeout),
       spin_(o.spin),
