@@ -2,7 +2,8 @@
 local2 (two independent processes at once: the fair baseline when two ranks
 share two cores), ronde (DistributedOptimizer, 2 ranks, shared memory on
 one host), ronde-gloo (the same over Gloo, RONDE_SHM=0) and PyTorch DDP
-(gloo, 2 ranks), all alternating over several rounds.
+(gloo, 2 ranks), all alternating over several rounds; --bucket-mb,
+--no-arena, --autotune and --variant add ronde modes (benchmarks/README.md).
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
 
@@ -48,6 +49,11 @@ def main():
     p.add_argument("--autotune", action="store_true",
                    help="add ronde-autotune: the bucket-size search on, "
                         "timed after it has chosen (train_bench --autotune)")
+    p.add_argument("--variant", action="append", default=[],
+                   metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                   help="add ronde-NAME: the default ronde mode with these "
+                        "variables set (e.g. a setting's former default); "
+                        "may be repeated")
     p.add_argument("--out")
     a = p.parse_args()
     bin_dir = os.path.join(a.build, "bin")
@@ -112,6 +118,10 @@ def main():
                 variants["ronde-noarena"] = ([], {"RONDE_SHM_ARENA_BYTES": "0"})
             if a.autotune:
                 variants["ronde-autotune"] = (["--autotune"], {})
+            for spec in a.variant:
+                name, _, assignments = spec.partition(":")
+                variants[f"ronde-{name}"] = ([], dict(
+                    kv.split("=", 1) for kv in assignments.split(",") if kv))
             variants["ronde-gloo"] = ([], {"RONDE_SHM": "0"})
             for c in wires:
                 variants[f"ronde_{c}"] = (["--compression", c], {})
