@@ -26,9 +26,10 @@ struct ShmTuning {
   // Where segments are made: a tmpfs on every Linux, so no disk is touched.
   std::string dir = "/dev/shm";
   // Bytes one step moves per rank: large enough to amortise a step's
-  // synchronisation. 512 KiB against 256 KiB, 2 ranks, 8 alternating
+  // synchronisation. 512 KiB against 256 KiB at 2 ranks, in alternating
   // rounds: all-reduces of 512 KiB 1.7x faster (one step, not two), 1 to
-  // 4 MiB 1.2x, 16 MiB 1.06x, none slower (docs/shared_memory.md).
+  // 4 MiB 1.2x, 64 MiB 2% slower; broadcast, reduce-scatter and
+  // all-to-all up to 1.8x (docs/shared_memory.md).
   size_t chunk_bytes = size_t{512} << 10;
   // The largest all-reduce posted beside the call check's frames in one
   // step (every rank reducing all of it), whatever the chunk: at 256 KiB
