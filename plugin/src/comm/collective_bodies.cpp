@@ -268,19 +268,17 @@ at::Tensor reducescatter_work(
     double post,
     const at::Tensor& into,
     bool exact) {
-  // Dim 0 split as evenly as it goes, the first blocks one row longer.
   const int n = comm.size();
   const int me = comm.rank();
   const int64_t rows = in.size(0);
   const int64_t row = row_bytes(in) / in.element_size();
-  auto block_rows = [&](int r) { return rows / n + (r < rows % n); };
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r)
-    counts[r] = block_rows(r) * row;
+    counts[r] = block_rows(rows, n, r) * row;
   // Apart from `in`, which every block of is read while this one is
   // written (the in-place form gets a new tensor, copied out).
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, block_rows(me)), counts[me], into,
+      in, shape_with_dim0(in, block_rows(rows, n, me)), counts[me], into,
       /*apart=*/true, exact);
   if (!ex.payloads.empty()) {
     // Reduce this rank's block only.

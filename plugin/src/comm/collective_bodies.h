@@ -68,6 +68,12 @@ at::Tensor alltoall_work(
     const std::vector<int64_t>& expect = {},
     bool exact = false);
 
+// The rows of block `r` when a reduce-scatter splits `rows` among `n`
+// ranks: as evenly as it goes, the first rows % n blocks one row longer.
+inline int64_t block_rows(int64_t rows, int n, int r) {
+  return rows / n + (r < rows % n);
+}
+
 // `in` prescaled already; returns this rank's block of the reduction,
 // written into `into` as allgather_work() does when `into` does not
 // overlap `in`.

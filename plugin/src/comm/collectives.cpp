@@ -60,13 +60,11 @@ at::Tensor working_copy(const at::Tensor& tensor, bool in_place) {
 
 // What is wrong with `out` as the caller's output (the _into forms) of a
 // collective on `tensor` whose result has `rows` rows (-1: known only once
-// the ranks' rows are exchanged) and `tensor`'s other dims; `in` is what the
-// collective reads, which `out` must not overlap. Empty when nothing is.
+// the ranks' rows are exchanged) and `tensor`'s other dims. `out` must not
+// overlap what the collective reads: `tensor` itself when it is contiguous,
+// else a contiguous copy, which nothing overlaps. Empty when nothing is.
 std::string check_out(
-    const at::Tensor& tensor,
-    const at::Tensor& in,
-    const at::Tensor& out,
-    int64_t rows) {
+    const at::Tensor& tensor, const at::Tensor& out, int64_t rows) {
   if (!out.defined())
     return "out is undefined";
   if (!tensor.defined() || tensor.dim() == 0)
@@ -89,16 +87,10 @@ std::string check_out(
     return "out has " + std::to_string(out.size(0)) + " rows, this rank's " +
         "part " + std::to_string(rows);
   }
-  if (in.defined() &&
-      at::get_overlap_status(out, in) != at::MemOverlapStatus::No)
+  if (tensor.is_contiguous() &&
+      at::get_overlap_status(out, tensor) != at::MemOverlapStatus::No)
     return "out overlaps the input, which the collective reads";
   return "";
-}
-
-// The input as the collective reads it where that is its own storage (a
-// contiguous one); undefined where it reads a copy, which nothing overlaps.
-at::Tensor read_in_place(const at::Tensor& tensor) {
-  return tensor.is_contiguous() ? tensor : at::Tensor();
 }
 
 // After a collective into the caller's `out`: its result went elsewhere
@@ -216,9 +208,8 @@ Handle allgather_impl(
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
     error = "allgather needs at least one dimension (it concatenates dim 0)";
   }
-  at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
   if (error.empty() && exact)
-    error = check_out(tensor, in, into, -1);
+    error = check_out(tensor, into, -1);
   // Always exchanged: the descriptors carry every rank's dim 0.
   Call call = make_call(
       group,
@@ -229,8 +220,7 @@ Handle allgather_impl(
       -1,
       -1,
       error);
-  if (!error.empty())
-    in = at::Tensor();
+  at::Tensor in = error.empty() ? tensor.contiguous() : at::Tensor();
   if (in.defined() && in.is_cpu())
     call.payload = in;
   return submit(
@@ -298,7 +288,7 @@ Handle alltoall_impl(
   const std::vector<int64_t> splits =
       alltoall_splits(tensor, options.splits(), n, error);
   if (error.empty() && exact)
-    error = check_out(tensor, read_in_place(tensor), into, -1);
+    error = check_out(tensor, into, -1);
   Call call = make_call(
       group,
       OpKind::Alltoall,
@@ -341,11 +331,8 @@ Handle reducescatter_impl(
     error = "reducescatter needs at least one dimension (it splits dim 0)";
   }
   if (error.empty() && exact && group.rank >= 0) {
-    // This rank's part: dim 0 split as evenly as it goes, the first blocks
-    // one row longer (reducescatter_work()).
     const int64_t rows = tensor.defined() ? tensor.size(0) : 0;
-    const int64_t mine = rows / group.size + (group.rank < rows % group.size);
-    error = check_out(tensor, read_in_place(tensor), into, mine);
+    error = check_out(tensor, into, block_rows(rows, group.size, group.rank));
   }
   Call call = make_call(
       group,
