@@ -26,6 +26,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -133,9 +134,11 @@ Handle submit(
     fence->ready.record(fence->caller);
   }
   // Above the limit a waiting thread leaves the call to the communication
-  // thread, which its queueing has woken anyway.
-  const bool helpable = static_cast<size_t>(std::max<int64_t>(
-                            0, described_bytes(call.desc))) <= w.help_bytes;
+  // thread, which its queueing has woken anyway. Unbounded (the default):
+  // no byte count on this path of every call.
+  const bool helpable = w.help_bytes == std::numeric_limits<size_t>::max() ||
+      static_cast<size_t>(std::max<int64_t>(0, described_bytes(call.desc))) <=
+          w.help_bytes;
   return group.worker->submit(
       [call = std::move(call),
        body = std::move(body),

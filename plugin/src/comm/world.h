@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,8 +59,9 @@ struct World {
   CommGroup group;
   bool blocking_wait = false;
   // The largest collective (bytes per rank) a thread waiting on it runs
-  // itself while it is queued (RONDE_HELP_BYTES, CommWorker::help).
-  size_t help_bytes = 0;
+  // itself while it is queued (RONDE_HELP_BYTES, CommWorker::help); the
+  // maximum: any.
+  size_t help_bytes = std::numeric_limits<size_t>::max();
   // After a collective failed here: the peers among these job ranks that
   // did not report the failure themselves in time (the runtime's failure
   // notices in the store). Null in a job of one rank: nobody to blame.
