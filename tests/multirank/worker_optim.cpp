@@ -51,8 +51,8 @@ int scenario_optim(const std::string& name, const std::string& variant) {
   // Every bucket all-reduced without a copy: split from the first byte,
   // pieces of a small chunk within each slice.
   const bool zero_copy = variant == "zerocopy";
-  if (zero_copy) {
-    ::setenv("RONDE_SHM_SPLIT_BYTES", "0", 1);
+  if (zero_copy) {  // this model's buckets are smaller than a page
+    ::setenv("RONDE_SHM_ZERO_COPY_BYTES", "0", 1);
     ::setenv("RONDE_SHM_CHUNK_BYTES", "4096", 1);
   }
   ronde::init();

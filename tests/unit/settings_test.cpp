@@ -204,21 +204,29 @@ TEST(Settings, SharedMemoryVariables) {
   // Unset: never split between two ranks, from 1 MiB between more.
   EXPECT_EQ(d.shm_tuning.split_bytes_for(2), SIZE_MAX);
   EXPECT_EQ(d.shm_tuning.split_bytes_for(3), 1u << 20);
+  EXPECT_EQ(d.shm_tuning.zero_copy_min_bytes, 4096u);
   Settings s = parse(
       {{"RONDE_SHM", "0"},
        {"RONDE_SHM_DIR", "/run/shm"},
        {"RONDE_SHM_CHUNK_BYTES", "65536"},
-       {"RONDE_SHM_SPLIT_BYTES", "0"}});
+       {"RONDE_SHM_SPLIT_BYTES", "0"},
+       {"RONDE_SHM_ZERO_COPY_BYTES", "0"}});
   EXPECT_FALSE(s.shm);
   EXPECT_EQ(s.shm_tuning.dir, "/run/shm");
   EXPECT_EQ(s.shm_tuning.chunk_bytes, 65536u);
   EXPECT_EQ(s.shm_tuning.split_bytes, 0u);
   EXPECT_EQ(s.shm_tuning.split_bytes_for(2), 0u);
+  EXPECT_EQ(s.shm_tuning.zero_copy_min_bytes, 0u);
   EXPECT_NE(
       error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}}).find(
           "RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),
       std::string::npos);
   for (const char* bad : {"-1", "1e6", "64K", "x"}) {
+    EXPECT_NE(
+        error_of({{"RONDE_SHM_ZERO_COPY_BYTES", bad}}).find(
+            "is not a whole number of bytes"),
+        std::string::npos)
+        << bad;
     EXPECT_NE(
         error_of({{"RONDE_SHM_SPLIT_BYTES", bad}}).find(
             "is not a whole number of bytes"),

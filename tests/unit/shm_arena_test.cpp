@@ -25,9 +25,13 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-shm::Options arena_options(const Job& job, int r, int n) {
+// `split`: every all-reduce not read in place reduce-scatters and
+// all-gathers; else, between two ranks, each reduces the whole buffer.
+shm::Options arena_options(const Job& job, int r, int n, bool split = true) {
   shm::Options o = job.options(r, n);
-  o.split_bytes = 0;  // every all-reduce splits: the arena's path
+  if (split)
+    o.split_bytes = 0;
+  o.zero_copy_min_bytes = 0;  // every size is read in place
   o.arena_bytes = 4 * kMiB;
   return o;
 }
@@ -112,12 +116,12 @@ TEST(ShmArena, BuffersOutliveTheirTransport) {
   EXPECT_TRUE(entries(job.shm_dir).empty());
 }
 
-TEST(ShmArena, AllreducesBeyondTheZeroCopySizeAreCopied) {
+TEST(ShmArena, AllreducesBelowTheZeroCopySizeAreCopied) {
   Job job;
   const int n = 2;
   job.start(n, [&](int r) {
     shm::Options o = arena_options(job, r, n);
-    o.zero_copy_bytes = 8192;  // every rank's bytes together
+    o.zero_copy_min_bytes = 8192;  // per rank
     auto t = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
     shm::Arena& a = *t->arena();
     for (size_t count : {size_t{1024}, size_t{2048}}) {
@@ -127,8 +131,8 @@ TEST(ShmArena, AllreducesBeyondTheZeroCopySizeAreCopied) {
         x[i] = static_cast<float>(r + i);
       const uint64_t before = t->zero_copy_allreduces();
       t->allreduce(x, count, DType::F32, Reduction::Sum);
-      // 2 x 4 KiB in one step; 2 x 8 KiB through the slots.
-      if (t->zero_copy_allreduces() != before + (count == 1024 ? 1 : 0))
+      // 4 KiB through the slots; 8 KiB read in place.
+      if (t->zero_copy_allreduces() != before + (count == 2048 ? 1 : 0))
         return 10;
       for (size_t i = 0; i < count; ++i) {
         if (x[i] != static_cast<float>(2 * i + 1))
@@ -149,12 +153,16 @@ float value(int rank, size_t i) {
          1e-3f * static_cast<float>(i % 5);
 }
 
-TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
+// 3 ranks that split, and 2 that reduce whole (where a rank whose buffer
+// is read in place makes the step split).
+class ZeroCopy : public ::testing::TestWithParam<int> {};
+
+TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
   Job job;
-  const int n = 3;
+  const int n = GetParam();
   job.start(n, [&](int r) {
     auto t = shm::Transport::connect(
-        arena_options(job, r, n), file_rendezvous(job.rv_dir));
+        arena_options(job, r, n, /*split=*/n > 2), file_rendezvous(job.rv_dir));
     shm::Arena& a = *t->arena();
     const auto placements = {
         Placement::All,
@@ -164,9 +172,9 @@ TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
     // Around the 4096-byte chunk (1024 floats), and many chunks.
     for (size_t count : {size_t{1}, size_t{1000}, size_t{5000}, size_t{70001}}) {
       for (Placement p : placements) {
-        // Shifted: rank 2's buffer sits one allocation further on.
+        // Shifted: the last rank's buffer sits one allocation further on.
         std::optional<size_t> pad;
-        if (p == Placement::AllShifted && r == 2)
+        if (p == Placement::AllShifted && r == n - 1)
           pad = a.allocate(4096);
         const bool here = p == Placement::All || p == Placement::AllShifted ||
                           (p == Placement::OnlyRank1 && r == 1);
@@ -193,7 +201,9 @@ TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
           copy[i] = value(r, i);
         t->allreduce(copy.data(), count, DType::F32, Reduction::Sum);
         for (size_t i = 0; i < count; ++i) {
-          const float want = (value(0, i) + value(1, i)) + value(2, i);
+          float want = value(0, i) + value(1, i);
+          if (n > 2)
+            want += value(2, i);
           if (buf[i] != want || std::memcmp(&buf[i], &copy[i], 4) != 0) {
             std::fprintf(
                 stderr,
@@ -269,5 +279,13 @@ TEST(ShmArena, ZeroCopyAllreduceEqualsTheCopyingOne) {
   EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
   EXPECT_TRUE(entries(job.shm_dir).empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    ShmArena,
+    ZeroCopy,
+    ::testing::Values(2, 3),
+    [](const ::testing::TestParamInfo<int>& info) {
+      return std::to_string(info.param) + "Ranks";
+    });
 
 }  // namespace

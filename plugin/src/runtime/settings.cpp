@@ -107,6 +107,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_SHM_CHUNK_BYTES",
       "RONDE_SHM_SPLIT_BYTES",
       "RONDE_SHM_ARENA_BYTES",
+      "RONDE_SHM_ZERO_COPY_BYTES",
       kJobSecretFileVar,
       "RONDE_CHECKPOINT_KEY_FILE",
       kElasticMinRanksVar,
@@ -177,6 +178,8 @@ Settings read_settings(const EnvLookup& env) {
     s.shm_tuning.split_bytes = *split;
   if (auto arena = byte_count(env, "RONDE_SHM_ARENA_BYTES"))
     s.shm_tuning.arena_bytes = *arena;
+  if (auto zero_copy = byte_count(env, "RONDE_SHM_ZERO_COPY_BYTES"))
+    s.shm_tuning.zero_copy_min_bytes = *zero_copy;
   s.job_secret_file = text(env, kJobSecretFileVar);
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   const std::string min_np = text(env, kElasticMinRanksVar);

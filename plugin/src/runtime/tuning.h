@@ -54,11 +54,13 @@ struct ShmTuning {
   // gradient buckets): address space only, until a buffer reserves its
   // pages. 0: no arena, every all-reduce copies through the slots.
   size_t arena_bytes = size_t{16} << 30;
-  // The largest all-reduce (bytes per rank times ranks) read in place from
-  // the arenas: within the last-level cache one step without copies was
-  // 1.5x the copying all-reduce; beyond it the copies through the slots,
-  // which stay in cache, were faster (docs/shared_memory.md).
-  size_t zero_copy_bytes = size_t{16} << 20;
+  // The smallest all-reduce (bytes per rank) whose buffers are read where
+  // they lie when every rank's is in its arena, and the smallest buffer
+  // made there (RONDE_SHM_ZERO_COPY_BYTES): one page, the least an arena
+  // buffer takes; smaller all-reduces read no claims. Between two ranks, without its check, such an
+  // all-reduce took 0.75x the copying one's time at 4 KiB, 0.2x to 0.5x
+  // from 16 KiB to 4 MiB and 0.76x at 64 MiB (docs/shared_memory.md).
+  size_t zero_copy_min_bytes = 4096;
 };
 
 // The host backend across hosts (RONDE_GLOO_*).

@@ -45,6 +45,14 @@ void scale_copy(
   }
 }
 
+// The piece of its slice that a rank reduces from every rank's arena buffer
+// and writes back to every one before the next: within the first-level
+// cache, so that the writes read nothing back. At 2 ranks, from 256 KiB to
+// 64 MiB, 64 KiB pieces took 0.80x to 0.96x the time of 512 KiB ones,
+// 16 KiB 0.75x to 0.92x that of 64 KiB, 8 KiB 0.86x to 0.97x that of
+// 16 KiB (docs/shared_memory.md).
+constexpr size_t kZeroCopyPieceBytes = size_t{8} << 10;
+
 // Where an all-reduce's input starts beside a frame: the next cache line.
 size_t after_frame(size_t frame_bytes) {
   return (frame_bytes + kLine - 1) / kLine * kLine;
@@ -64,11 +72,13 @@ void Transport::allreduce(
   const bool split = count * esz >= split_bytes_;
   const size_t per_step = chunk_ / esz;
   auto* data = static_cast<char*>(buf);
-  // A split all-reduce of a buffer in this rank's arena posts no copy: the
-  // peers read it where it lies (they are done with a step's input before
-  // they publish `reduced`, and this rank writes its result after that).
+  // An all-reduce of zero-copy size (the same on every rank) says in each
+  // step where its input lies in this rank's arena, if it does there: then
+  // it posts no copy, and the peers read it where it lies. Smaller ones
+  // neither claim nor read claims.
+  const bool claiming = zero_copy_size(count * esz);
   std::optional<size_t> in_arena;
-  if (zero_copy_fits(count * esz))
+  if (claiming && arena_)
     in_arena = arena_->offset_of(data, count * esz);
   Control& me = control(rank_);
   for (size_t off = 0; off < count; off += per_step) {
@@ -76,7 +86,7 @@ void Transport::allreduce(
     char* dst = data + off * esz;
     const uint64_t g = begin_step();
     const int s = static_cast<int>(g & 1);
-    if (split) {
+    if (claiming) {
       me.claims[s].store(
           in_arena ? *in_arena + off * esz : kNoClaim,
           std::memory_order_relaxed);
@@ -85,7 +95,21 @@ void Transport::allreduce(
       std::memcpy(area(rank_, s, false), dst, m * esz);
     publish(kPosted, g);
     await_all(kPosted, g);
-    if (!split) {
+    // Every rank reads the same claims: all decide alike.
+    bool all_claimed = claiming, any_claimed = false;
+    for (int r = 0; claiming && r < size_; ++r) {
+      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
+      all_claimed = all_claimed && claims_[r] != kNoClaim;
+      any_claimed = any_claimed || claims_[r] != kNoClaim;
+    }
+    if (all_claimed && off == 0) {
+      allreduce_in_arenas(count, esz, reduce, scale, dtype, g);
+      return;
+    }
+    // A rank whose input is read in place must not write its result there
+    // before the peers are done with it: with any claim the step splits,
+    // which writes results only after every rank reduced its slice.
+    if (!split && !any_claimed) {
       for (int r = 0; r < size_; ++r)
         inputs_[r] = area(r, s, false);
       inputs_[rank_] = own_input(dst, m * esz);
@@ -95,20 +119,11 @@ void Transport::allreduce(
         scale_copy(dst, dst, m, dtype, scale);
       continue;
     }
-    // Every rank reads the same claims: all decide alike.
-    bool all_claimed = true;
-    for (int r = 0; r < size_; ++r) {
-      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
-      all_claimed = all_claimed && claims_[r] != kNoClaim;
-    }
-    if (all_claimed && off == 0) {
-      allreduce_in_arenas(data, count, esz, reduce, scale, dtype, g);
-      return;
-    }
     const auto [lo, hi] = slice_of(rank_, size_, m, esz);
     for (int r = 0; r < size_; ++r) {
-      const char* in = claims_[r] == kNoClaim ? area(r, s, false)
-                                              : arenas_[r] + claims_[r];
+      const char* in = !any_claimed || claims_[r] == kNoClaim
+          ? area(r, s, false)
+          : arenas_[r] + claims_[r];
       // Never this rank's own input area (own_input()).
       inputs_[r] = r == rank_ ? dst + lo * esz : in + lo * esz;
     }
@@ -131,7 +146,6 @@ void Transport::allreduce(
 }
 
 void Transport::allreduce_in_arenas(
-    char* dst,
     size_t count,
     size_t esz,
     void (*reduce)(void*, const void* const*, int, size_t),
@@ -140,12 +154,15 @@ void Transport::allreduce_in_arenas(
     uint64_t g) {
   // This rank's slice of the whole buffer, from every rank's buffer in rank
   // order, through this slot's output area (a reduction never writes into
-  // one of its own inputs), into its own buffer: peers read only their own
-  // slices of it until `reduced`.
+  // one of its own inputs), into every rank's buffer. No other rank reads
+  // or writes that slice of any buffer, so no rank waits for another until
+  // the end: then every buffer holds every slice. Each rank reads and
+  // writes the buffer's size once, where a copying all-reduce also copies
+  // its input in and reads its own input again.
   ++zero_copy_allreduces_;
   const int s = static_cast<int>(g & 1);
   char* scratch = area(rank_, s, true);
-  const size_t piece = chunk_ / esz;
+  const size_t piece = std::min(chunk_, kZeroCopyPieceBytes) / esz;
   const auto [lo, hi] = slice_of(rank_, size_, count, esz);
   for (size_t at = lo; at < hi; at += piece) {
     const size_t m = std::min(piece, hi - at);
@@ -153,21 +170,19 @@ void Transport::allreduce_in_arenas(
       inputs_[r] = arenas_[r] + claims_[r] + at * esz;
     reduce(scratch, inputs_.data(), size_, m);
     if (scale != 1.0)
-      scale_copy(dst + at * esz, scratch, m, dtype, scale);
-    else
-      std::memcpy(dst + at * esz, scratch, m * esz);
+      scale_copy(scratch, scratch, m, dtype, scale);
+    // Each rank starts with the next rank's buffer: the ranks' writes
+    // spread over the buffers.
+    for (int i = 1; i <= size_; ++i) {
+      const int r = (rank_ + i) % size_;
+      std::memcpy(arenas_[r] + claims_[r] + at * esz, scratch, m * esz);
+    }
   }
+  // Every rank's writes into this rank's buffer are done: it is the
+  // caller's again.
   publish(kReduced, g);
   await_all(kReduced, g);
-  for (int i = 1; i < size_; ++i) {
-    const int r = (rank_ + i) % size_;
-    const auto [a, b] = slice_of(r, size_, count, esz);
-    std::memcpy(dst + a * esz, arenas_[r] + claims_[r] + a * esz, (b - a) * esz);
-  }
-  // Peers copy this rank's slice from its buffer until they are done:
-  // the buffer is the caller's again only then.
   publish(kConsumed, g);
-  await_all(kConsumed, g);
 }
 
 const void* Transport::own_input(const void* data, size_t bytes) {

@@ -196,7 +196,7 @@ std::string open_segment(
     void* a = ::mmap(
         nullptr,
         arena,
-        PROT_READ,
+        PROT_READ | PROT_WRITE,
         MAP_SHARED | MAP_NORESERVE,
         fd,
         static_cast<off_t>(at));

@@ -51,9 +51,10 @@ struct Control {
   // The owner's arena (shm_arena.h): its bytes, after the areas at
   // arena_offset(); 0 when it has none.
   uint64_t arena_bytes = 0;
-  // claims[s]: where in the owner's arena its input of the split
-  // all-reduce step using slot s lies, or kNoClaim when it is in the input
-  // area. Written before `posted`, read by peers after it.
+  // claims[s]: where in the owner's arena its input of the all-reduce step
+  // using slot s lies, or kNoClaim when it is in the input area (only
+  // all-reduces of zero-copy size write and read them). Written before
+  // `posted`, read by peers after it.
   alignas(kLine) std::atomic<uint64_t> claims[2] = {{kNoClaim}, {kNoClaim}};
 };
 static_assert(sizeof(Control) <= kControlBytes);

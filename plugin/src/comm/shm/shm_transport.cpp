@@ -144,7 +144,7 @@ Transport::Transport(
       size_(o.size),
       chunk_(o.chunk_bytes),
       split_bytes_(o.split_bytes_for(o.size)),
-      zero_copy_bytes_(o.zero_copy_bytes),
+      zero_copy_min_bytes_(o.zero_copy_min_bytes),
       timeout_(o.timeout),
       spin_(o.spin),
       segments_(std::move(segments)),
@@ -155,7 +155,7 @@ Transport::Transport(
       inputs_(static_cast<size_t>(o.size)) {
   for (int r = 0; r < size_; ++r) {
     arenas_[r] = r == rank_ ? (arena_ ? arena_->base() : nullptr)
-                            : static_cast<const char*>(segments_[r].arena);
+                            : static_cast<char*>(segments_[r].arena);
   }
   // More ranks than CPUs: a spinning rank holds the CPU its peer needs.
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);

@@ -145,22 +145,24 @@ class Transport {
   // makes every later call fail. Safe from any thread, any number of times.
   void interrupt();
 
-  // This rank's arena (shm_arena.h), null without one. A split all-reduce
-  // of a buffer inside it posts no copy: peers read it where it lies, and
-  // when every rank's buffer is in its arena, each rank reduces its slice
-  // of the whole buffer and copies the others' slices from the peers'
-  // buffers (docs/shared_memory.md, "Zero-copy buckets"). Buffers may
-  // outlive the transport; the arena lives as long as they do.
+  // This rank's arena (shm_arena.h), null without one. An all-reduce of a
+  // buffer inside it posts no copy: peers read it where it lies, and when
+  // every rank's buffer is in its arena, each rank reduces its slice of
+  // the whole buffer and writes it into every rank's buffer
+  // (docs/shared_memory.md, "Zero-copy buckets"). Buffers may outlive the
+  // transport; the arena lives as long as they do.
   const std::shared_ptr<Arena>& arena() const {
     return arena_;
   }
-  // Whether an all-reduce of `bytes` per rank reads the buffers in place
-  // when they are in the arenas: a split one (split_bytes and up) whose
-  // bytes of every rank together stay within zero_copy_bytes. What a
-  // buffer is worth making in the arena for.
+  // Whether an all-reduce of `bytes` per rank is of the sizes whose
+  // buffers are read where they lie when they are in the arenas (from
+  // zero_copy_min_bytes). The same on every rank.
+  bool zero_copy_size(size_t bytes) const {
+    return size_ > 1 && bytes >= zero_copy_min_bytes_;
+  }
+  // Whether a buffer of `bytes` is worth making in this rank's arena.
   bool zero_copy_fits(size_t bytes) const {
-    return arena_ && bytes >= split_bytes_ &&
-        bytes * static_cast<size_t>(size_) <= zero_copy_bytes_;
+    return arena_ && zero_copy_size(bytes);
   }
   // All-reduces done so far with every rank's buffer in its arena.
   uint64_t zero_copy_allreduces() const {
@@ -172,10 +174,9 @@ class Transport {
       const Options& options,
       std::vector<Segment> segments,
       std::shared_ptr<Arena> arena);
-  // The split all-reduce of a buffer that every rank has in its arena
-  // (claims_ from this step's control blocks): one step.
+  // The all-reduce of a buffer that every rank has in its arena (claims_
+  // from this step's control blocks): one step, no copy in or out.
   void allreduce_in_arenas(
-      char* dst,
       size_t count,
       size_t esz,
       void (*reduce)(void*, const void* const*, int, size_t),
@@ -209,13 +210,14 @@ class Transport {
   int size_;
   size_t chunk_;
   size_t split_bytes_;
-  size_t zero_copy_bytes_;
+  size_t zero_copy_min_bytes_;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds spin_;
   bool yield_while_spinning_;
   std::vector<Segment> segments_;  // one per rank, rank order
   std::shared_ptr<Arena> arena_;
-  std::vector<const char*> arenas_;  // every rank's arena, null for none
+  // Every rank's arena, null for none; peers write results into them.
+  std::vector<char*> arenas_;
   std::vector<uint64_t> claims_;     // scratch: every rank's claim
   // seen_[peer * kCounters + c]: the highest value of that peer's counter c
   // this rank has loaded (with acquire); await() needs no load below it.
