@@ -204,6 +204,27 @@ TEST_P(Collectives, RepeatedAllreducesRideWithTheirCheck) {
   }
 }
 
+// The engine's buckets, in the shared-memory arena, are read in place after
+// their check rather than copied into its step: with the default chunk,
+// where a plain tensor of that size rides (shared memory, 2 ranks).
+TEST_P(Collectives, ArenaBuffersSkipTheCheckStep) {
+  if (!on_shm() || std::get<1>(GetParam()) != 2)
+    GTEST_SKIP() << "shared memory at 2 ranks only";
+  const std::string dir = ronde::testing::make_temp_dir();
+  JobSpec s = job("fused_arena");
+  s.env.erase("RONDE_SHM_CHUNK_BYTES");
+  s.env["FUSED_TRACE_DIR"] = dir;
+  JobResult r = run_job(s);
+  ronde::testing::remove_temp_dir(dir);
+  ASSERT_TRUE(r.all_succeeded()) << r.dump();
+  for (const auto& rank : r.ranks) {
+    // The first call of each name is checked in full; the next two ride.
+    EXPECT_NE(rank.output.find("ARENA_FUSED: 0 PLAIN_FUSED: 2"),
+              std::string::npos)
+        << r.dump();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends,
     Collectives,

@@ -8,6 +8,7 @@
 #include <ronde/runtime.h>
 #include <ronde/timeline.h>
 
+#include "comm/collective_calls.h"
 #include "scenario_registry.h"
 #include "worker_checks.h"
 #include "worker_reference.h"
@@ -307,6 +308,56 @@ RONDE_SCENARIO(fused) {
        at = s.find("\"fused\":true", at + 1))
     ++fused;
   std::cout << "FUSED_CALLS: " << fused << std::endl;
+  ronde::shutdown();
+  return ronde::testing::scenario_exit_code();
+}
+
+// How many of the timeline's all-reduces named `name` rode in their check's
+// step.
+int fused_calls(const std::string& trace, const std::string& name) {
+  std::ifstream in(trace);
+  int fused = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"name\":\"allreduce " + name + "\"") != std::string::npos &&
+        line.find("\"fused\":true") != std::string::npos)
+      ++fused;
+  }
+  return fused;
+}
+
+// A repeated all-reduce of a buffer in the shared-memory arena (where the
+// engine makes its buckets) is read in place after its check, not copied
+// into the check's step; a plain tensor of the same size rides there.
+// Both against the reference; prints how many of each the timeline saw
+// fused.
+RONDE_SCENARIO(fused_arena) {
+  ronde::init();
+  const int n = ronde::size(), me = ronde::rank();
+  ronde::start_timeline(
+      std::string(std::getenv("FUSED_TRACE_DIR")) + "/trace.{rank}.json");
+  const std::string trace = ronde::timeline_path();
+  const int64_t count = 4096;  // 16 KiB: within the check's step
+  const at::Tensor arena = ronde::detail::bucket_zeros(
+      ronde::global_process_set(), count, at::kFloat);
+  int64_t seed = 700;
+  for (const std::string name : {"arena", "plain"}) {
+    for (int i = 0; i < 3; ++i) {
+      ++seed;
+      const at::Tensor x = input_for(me, seed, {count}, at::kFloat);
+      at::Tensor buf = name == "arena" ? arena : at::empty_like(x);
+      buf.copy_(x);
+      ronde::allreduce_(
+          buf,
+          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).name(name));
+      CHECK_W(
+          close(buf, reference_reduce(n, seed, {count}, at::kFloat,
+                                      ronde::ReduceOp::Sum)),
+          name, " call ", i);
+    }
+  }
+  ronde::stop_timeline();
+  std::cout << "ARENA_FUSED: " << fused_calls(trace, "arena")
+            << " PLAIN_FUSED: " << fused_calls(trace, "plain") << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
 }

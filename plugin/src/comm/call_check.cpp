@@ -56,11 +56,13 @@ size_t payload_capacity(const Communicator& comm) {
 }
 
 // The all-reduce that this call's frame may carry (Call::fused_op), when
-// the backend can carry it beside frames of `frame_bytes`.
+// the backend can carry it beside frames of `frame_bytes` and would copy it
+// anyway.
 bool fusable(const Communicator& comm, const Call& call, size_t frame_bytes) {
   return call.fused_op.has_value() && call.payload.defined() &&
       call.payload.is_contiguous() &&
-      call.payload.nbytes() <= comm.fused_capacity(frame_bytes);
+      call.payload.nbytes() <= comm.fused_capacity(frame_bytes) &&
+      !comm.reads_in_place(call.payload);
 }
 
 FrameHeader header_of(

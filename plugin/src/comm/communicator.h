@@ -176,6 +176,13 @@ class Communicator {
     (void)frame_bytes;
     return 0;
   }
+  // Whether this backend's all-reduce of `t` reads it where it lies (a
+  // shared_zeros() buffer, when the peers' are too): copying it beside the
+  // frames would cost more than the step it saves.
+  virtual bool reads_in_place(const at::Tensor& t) const {
+    (void)t;
+    return false;
+  }
 
   // A zeroed buffer of `numel` elements that this backend's all-reduce
   // moves without copying it in (shared memory: in the rank's arena, where

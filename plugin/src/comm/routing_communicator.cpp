@@ -51,6 +51,9 @@ class RoutingCommunicator final : public Communicator {
   size_t fused_capacity(size_t frame_bytes) const override {
     return host_->fused_capacity(frame_bytes);  // fused work is on the host
   }
+  bool reads_in_place(const at::Tensor& t) const override {
+    return t.device().is_cpu() && host_->reads_in_place(t);
+  }
   int rank() const override {
     return host_->rank();
   }

@@ -153,6 +153,12 @@ class ShmCommunicator final : public Communicator {
   size_t fused_capacity(size_t frame_bytes) const override {
     return transport_->fused_capacity(frame_bytes);
   }
+  bool reads_in_place(const at::Tensor& t) const override {
+    const std::shared_ptr<shm::Arena>& arena = transport_->arena();
+    return arena && t.device().is_cpu() &&
+        transport_->zero_copy_fits(t.nbytes()) &&
+        arena->offset_of(t.data_ptr(), t.nbytes()).has_value();
+  }
 
   std::optional<at::Tensor> shared_zeros(
       int64_t numel, const at::TensorOptions& options) override {
