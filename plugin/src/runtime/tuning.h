@@ -57,9 +57,10 @@ struct ShmTuning {
   // The smallest all-reduce (bytes per rank) whose buffers are read where
   // they lie when every rank's is in its arena, and the smallest buffer
   // made there (RONDE_SHM_ZERO_COPY_BYTES): one page, the least an arena
-  // buffer takes; smaller all-reduces read no claims. Between two ranks, without its check, such an
-  // all-reduce took 0.75x the copying one's time at 4 KiB, 0.2x to 0.5x
-  // from 16 KiB to 4 MiB and 0.76x at 64 MiB (docs/shared_memory.md).
+  // buffer takes; smaller all-reduces read no claims. Between two ranks,
+  // without its check, such an all-reduce took 0.93x the copying one's
+  // time at 4 KiB, 0.19x to 0.51x from 16 KiB to 4 MiB and 0.74x at
+  // 64 MiB (benchmarks/README.md).
   size_t zero_copy_min_bytes = 4096;
 };
 
