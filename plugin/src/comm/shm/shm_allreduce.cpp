@@ -50,7 +50,7 @@ void scale_copy(
 // cache, so that the writes read nothing back. At 2 ranks, from 256 KiB to
 // 64 MiB, 64 KiB pieces took 0.80x to 0.96x the time of 512 KiB ones,
 // 16 KiB 0.75x to 0.92x that of 64 KiB, 8 KiB 0.86x to 0.97x that of
-// 16 KiB (docs/shared_memory.md).
+// 16 KiB (benchmarks/README.md, "Zero-copy buckets written in place").
 constexpr size_t kZeroCopyPieceBytes = size_t{8} << 10;
 
 // Where an all-reduce's input starts beside a frame: the next cache line.
@@ -178,8 +178,9 @@ void Transport::allreduce_in_arenas(
       std::memcpy(arenas_[r] + claims_[r] + at * esz, scratch, m * esz);
     }
   }
-  // Every rank's writes into this rank's buffer are done: it is the
-  // caller's again.
+  // Once every rank has published `reduced`, every write into this rank's
+  // buffer is done (release, then acquire): the buffer is the caller's
+  // again.
   publish(kReduced, g);
   await_all(kReduced, g);
   publish(kConsumed, g);
