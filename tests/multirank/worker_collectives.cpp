@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -238,6 +237,21 @@ RONDE_SCENARIO(mismatch) {
   return ronde::testing::scenario_exit_code();
 }
 
+// How many of the timeline's all-reduces (named `name`, when given) rode in
+// their check's step: one event per line.
+int fused_calls(const std::string& trace, const std::string& name = "") {
+  const std::string wanted =
+      "\"name\":\"allreduce " + (name.empty() ? "" : name + "\"");
+  std::ifstream in(trace);
+  int fused = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(wanted) != std::string::npos &&
+        line.find("\"fused\":true") != std::string::npos)
+      ++fused;
+  }
+  return fused;
+}
+
 // Each all-reduce three times under one name, so that from the second call
 // its check may carry it (Communicator::exchange_frames): against the
 // reference and, over shared memory, bitwise against the same inputs
@@ -299,30 +313,9 @@ RONDE_SCENARIO(fused) {
     }
   }
   ronde::stop_timeline();
-  std::ifstream in(trace);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  int fused = 0;
-  for (size_t at = s.find("\"fused\":true"); at != std::string::npos;
-       at = s.find("\"fused\":true", at + 1))
-    ++fused;
-  std::cout << "FUSED_CALLS: " << fused << std::endl;
+  std::cout << "FUSED_CALLS: " << fused_calls(trace) << std::endl;
   ronde::shutdown();
   return ronde::testing::scenario_exit_code();
-}
-
-// How many of the timeline's all-reduces named `name` rode in their check's
-// step.
-int fused_calls(const std::string& trace, const std::string& name) {
-  std::ifstream in(trace);
-  int fused = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("\"name\":\"allreduce " + name + "\"") != std::string::npos &&
-        line.find("\"fused\":true") != std::string::npos)
-      ++fused;
-  }
-  return fused;
 }
 
 // A repeated all-reduce of a buffer in the shared-memory arena (where the

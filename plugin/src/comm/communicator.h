@@ -176,9 +176,10 @@ class Communicator {
     (void)frame_bytes;
     return 0;
   }
-  // Whether this backend's all-reduce of `t` reads it where it lies (a
-  // shared_zeros() buffer, when the peers' are too): copying it beside the
-  // frames would cost more than the step it saves.
+  // Whether this backend's all-reduce of `t` offers it to the peers where
+  // it lies (a shared_zeros() buffer of that size; it is read there when
+  // the peers' are too): copying it beside the frames would cost more
+  // than the step it saves.
   virtual bool reads_in_place(const at::Tensor& t) const {
     (void)t;
     return false;

@@ -154,10 +154,8 @@ class ShmCommunicator final : public Communicator {
     return transport_->fused_capacity(frame_bytes);
   }
   bool reads_in_place(const at::Tensor& t) const override {
-    const std::shared_ptr<shm::Arena>& arena = transport_->arena();
-    return arena && t.device().is_cpu() &&
-        transport_->zero_copy_fits(t.nbytes()) &&
-        arena->offset_of(t.data_ptr(), t.nbytes()).has_value();
+    return t.device().is_cpu() &&
+        transport_->arena_claim(t.data_ptr(), t.nbytes()).has_value();
   }
 
   std::optional<at::Tensor> shared_zeros(

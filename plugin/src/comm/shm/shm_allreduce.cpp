@@ -77,9 +77,7 @@ void Transport::allreduce(
   // it posts no copy, and the peers read it where it lies. Smaller ones
   // neither claim nor read claims.
   const bool claiming = zero_copy_size(count * esz);
-  std::optional<size_t> in_arena;
-  if (claiming && arena_)
-    in_arena = arena_->offset_of(data, count * esz);
+  const std::optional<size_t> in_arena = arena_claim(data, count * esz);
   Control& me = control(rank_);
   for (size_t off = 0; off < count; off += per_step) {
     const size_t m = std::min(per_step, count - off);
@@ -184,6 +182,13 @@ void Transport::allreduce_in_arenas(
   publish(kReduced, g);
   await_all(kReduced, g);
   publish(kConsumed, g);
+}
+
+std::optional<size_t> Transport::arena_claim(
+    const void* data, size_t bytes) const {
+  if (!zero_copy_fits(bytes))
+    return std::nullopt;
+  return arena_->offset_of(data, bytes);
 }
 
 const void* Transport::own_input(const void* data, size_t bytes) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -164,6 +165,10 @@ class Transport {
   bool zero_copy_fits(size_t bytes) const {
     return arena_ && zero_copy_size(bytes);
   }
+  // Where the `bytes` at `data` lie in this rank's arena, when an
+  // all-reduce of them says so to its peers (zero_copy_fits()); else
+  // nullopt, and the all-reduce copies them in.
+  std::optional<size_t> arena_claim(const void* data, size_t bytes) const;
   // All-reduces done so far with every rank's buffer in its arena.
   uint64_t zero_copy_allreduces() const {
     return zero_copy_allreduces_;
