@@ -137,7 +137,9 @@ def headline(report):
         h["fusion"] = {"best": best, "best_step_ms": buckets[best],
                        "per_tensor_step_ms": res.get("per_tensor"),
                        "flat_buffer_step_ms": res.get("flat_buffer"),
-                       "backward_only_ms": res.get("backward_only")}
+                       "backward_only_ms": res.get("backward_only"),
+                       "default_vs_best": report["fusion"].get("default_vs_best"),
+                       "best_mode": report["fusion"].get("best_mode")}
     if "train" in report:
         h["train"] = {}
         for row in report["train"]["rows"]:
@@ -159,6 +161,9 @@ def print_headline(h):
               f"per tensor {f['per_tensor_step_ms']:.0f} ms, flat buffer "
               f"{f['flat_buffer_step_ms']:.0f} ms, backward alone "
               f"{f['backward_only_ms']:.0f} ms")
+        if f.get("default_vs_best"):
+            print(f"fusion: the default size is {f['default_vs_best']:.3f}x the "
+                  f"best mode ({f['best_mode']}), step by step")
     for wl, t in h.get("train", {}).items():
         print(f"train {wl}: ronde/ddp step {t['ronde_over_ddp']:.3f}; efficiency "
               f"vs local ronde {t['ronde_eff_local']:.0%} ddp "
@@ -306,7 +311,7 @@ def plot_scaling(plt, d, path):
 def default_threshold_mb():
     try:
         with open(os.path.join(ROOT, "plugin", "include", "ronde",
-                               "optimizer.h")) as f:
+                               "optimizer_options.h")) as f:
             m = re.search(r"kDefaultFusionThresholdMb\s*=\s*([\d.]+)", f.read())
         return float(m.group(1)) if m else None
     except OSError:
@@ -332,7 +337,7 @@ def plot_fusion(plt, d, path):
         if mode in res:
             ax.axhline(res[mode], color=color, ls=ls,
                        label=f"{label}: {res[mode]:.0f} ms")
-    dflt = default_threshold_mb()
+    dflt = d.get("default_mb") or default_threshold_mb()
     if dflt:
         ax.axvline(dflt, color="C2", lw=1, alpha=0.6,
                    label=f"default fusion_threshold_mb ({dflt:g})")
