@@ -17,9 +17,10 @@
 // --loop N times N checked calls made back to back, as a training loop
 // makes them, with no barrier between (loop_us, the mean per call).
 //
-// --arena makes the all-reduce's buffer where the engine makes its gradient
-// buckets (in shared memory, the rank's arena: all-reduced without a copy
-// in; docs/shared_memory.md, "Zero-copy buckets").
+// --arena makes the all-reduce's buffer, or the reduce-scatter's input,
+// where the engine makes its gradient buckets (in shared memory, the rank's
+// arena: reduced without a copy in; docs/shared_memory.md, "Zero-copy
+// buckets").
 //
 // --process-set runs the collective on a process set instead of the job:
 // `all` (a set of every rank: its own communicator, the same transport) or
@@ -167,7 +168,7 @@ at::Tensor input_for(Op op, int64_t bytes, int n, int64_t* total) {
   if (op == Op::Reducescatter || op == Op::Alltoall)
     count = std::max<int64_t>(1, count / n) * n;
   *total = count * 4;
-  if (g_arena && op == Op::Allreduce)
+  if (g_arena && (op == Op::Allreduce || op == Op::Reducescatter))
     return ronde::detail::bucket_zeros(g_set, count, at::kFloat).fill_(1);
   return at::ones({count});
 }

@@ -48,7 +48,14 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(3),
         ::testing::Values("adam"),
         ::testing::Values(
-            "groups", "bpps2", "unused", "clip", "amp", "warmup", "stage2")),
+            "groups",
+            "bpps2",
+            "unused",
+            "clip",
+            "amp",
+            "warmup",
+            "stage2",
+            "zerocopy")),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(

@@ -69,8 +69,11 @@ bool agree(Replica& a, Replica& b) {
 }
 
 // optimizer, variant: plain | groups | bpps2 | unused | clip | amp | warmup
-// | stage2.
+// | stage2 | zerocopy (every bucket in the shared-memory arena, whatever
+// its size: the reduce-scatter reads every rank's where it lies).
 int scenario_zero(const std::string& optimizer, const std::string& variant) {
+  if (variant == "zerocopy")  // read once, at init()
+    ::setenv("RONDE_SHM_ZERO_COPY_BYTES", "0", 1);
   ronde::init();
   const int n = ronde::size();
   const bool unused = variant == "unused";

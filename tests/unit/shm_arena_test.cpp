@@ -1,9 +1,10 @@
-// The shared-memory arena and the zero-copy all-reduce: allocation, reuse
-// and a directory without room; buffers that outlive their transport; and
-// all-reduces of buffers in the arenas (every rank's, some ranks', at
-// different offsets), with and without a postscale, equal bit for bit to
-// the copying all-reduce of the same values (and a multiplication after
-// it), which tests/multirank checks against references.
+// The shared-memory arena and the zero-copy all-reduce and reduce-scatter:
+// allocation, reuse and a directory without room; buffers that outlive
+// their transport; and all-reduces and reduce-scatters of buffers in the
+// arenas (every rank's, some ranks', at different offsets), with and
+// without a postscale, equal bit for bit to the copying ones of the same
+// values (and a multiplication after it), which tests/multirank checks
+// against references.
 #include "comm/shm/shm_arena.h"
 #include "comm/shm/shm_transport.h"
 #include "shm_job.h"
@@ -273,6 +274,93 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
     if (std::memcmp(h, copy.data(), count * 2) != 0)
       return 12;
     a.release(*at, count * 2);
+    t->barrier();
+    return a.in_use() == 0 ? 0 : 13;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+// Each rank reduces its block from every rank's input where it lies when
+// every input is in its arena; else as the copying reduce-scatter, reading
+// the inputs that are. Blocks of unequal sizes; each rank scribbles over its
+// input as soon as the call returns, which must not reach a peer's result.
+TEST_P(ZeroCopy, ReduceScatterEqualsTheCopyingOne) {
+  Job job;
+  const int n = GetParam();
+  job.start(n, [&](int r) {
+    auto t = shm::Transport::connect(
+        arena_options(job, r, n), file_rendezvous(job.rv_dir));
+    shm::Arena& a = *t->arena();
+    for (size_t base : {size_t{1}, size_t{1000}, size_t{70001}}) {
+      std::vector<size_t> counts(n);
+      size_t total = 0, first = 0;
+      for (int q = 0; q < n; ++q) {
+        counts[q] = base + static_cast<size_t>(q) * 7;
+        first += q < r ? counts[q] : 0;
+        total += counts[q];
+      }
+      for (Placement p :
+           {Placement::All,
+            Placement::AllShifted,
+            Placement::OnlyRank1,
+            Placement::None}) {
+        std::optional<size_t> pad;
+        if (p == Placement::AllShifted && r == n - 1)
+          pad = a.allocate(4096);
+        const bool here = p == Placement::All || p == Placement::AllShifted ||
+                          (p == Placement::OnlyRank1 && r == 1);
+        std::vector<float> plain(total), out(counts[r]), copy_out(counts[r]);
+        std::optional<size_t> at;
+        float* in = plain.data();
+        if (here) {
+          at = a.allocate(total * sizeof(float));
+          if (!at)
+            return 10;
+          in = reinterpret_cast<float*>(a.base() + *at);
+        }
+        for (size_t i = 0; i < total; ++i)
+          in[i] = value(r, i);
+        const uint64_t before = t->zero_copy_reduce_scatters();
+        t->reduce_scatter(
+            in, out.data(), counts.data(), DType::F32, Reduction::Sum);
+        for (size_t i = 0; i < total; ++i)
+          in[i] = -1e30f;
+        const bool all = p == Placement::All || p == Placement::AllShifted;
+        if (t->zero_copy_reduce_scatters() != before + (all ? 1 : 0))
+          return 14;
+        std::vector<float> copy(total);
+        for (size_t i = 0; i < total; ++i)
+          copy[i] = value(r, i);
+        t->reduce_scatter(
+            copy.data(),
+            copy_out.data(),
+            counts.data(),
+            DType::F32,
+            Reduction::Sum);
+        for (size_t i = 0; i < counts[r]; ++i) {
+          float want = value(0, first + i) + value(1, first + i);
+          if (n > 2)
+            want += value(2, first + i);
+          if (out[i] != want || std::memcmp(&out[i], &copy_out[i], 4) != 0) {
+            std::fprintf(
+                stderr,
+                "rank %d: base %zu placement %d element %zu: %g, want %g\n",
+                r,
+                base,
+                static_cast<int>(p),
+                i,
+                out[i],
+                want);
+            return 11;
+          }
+        }
+        if (at)
+          a.release(*at, total * sizeof(float));
+        if (pad)
+          a.release(*pad, 4096);
+      }
+    }
     t->barrier();
     return a.in_use() == 0 ? 0 : 13;
   });

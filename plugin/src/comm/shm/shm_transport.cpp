@@ -393,23 +393,55 @@ void Transport::reduce_scatter(
   }
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
+  // As the all-reduce: one of zero-copy size says in each step where its
+  // input lies in this rank's arena, if it does, and posts no copy of it;
+  // the peers read their blocks there.
+  const size_t total = start[size_ - 1] + counts[size_ - 1];
+  const bool claiming = zero_copy_size(total * esz);
+  const std::optional<size_t> in_arena = arena_claim(in, total * esz);
+  Control& me = control(rank_);
+  uint64_t g = 0;
   for (size_t lo = 0; lo < most; lo += per) {
-    const uint64_t g = begin_step();
+    g = begin_step();
     const int s = static_cast<int>(g & 1);
     char* mine = area(rank_, s, false);
-    for (int r = 0; r < size_; ++r) {
+    if (claiming) {
+      me.claims[s].store(
+          in_arena.value_or(kNoClaim), std::memory_order_relaxed);
+    }
+    for (int r = 0; r < size_ && !in_arena; ++r) {
       const size_t len = clamp_piece(counts[r], lo, per);
       if (len > 0)
         std::memcpy(mine + r * sub, src + (start[r] + lo) * esz, len * esz);
     }
     publish(kPosted, g);
     await_all(kPosted, g);
-    const size_t len = clamp_piece(counts[rank_], lo, per);
-    for (int r = 0; r < size_; ++r)
-      inputs_[r] = area(r, s, false) + rank_ * sub;
+    // Every rank reads the same claims: all decide alike.
+    bool all_claimed = claiming;
+    for (int r = 0; claiming && r < size_; ++r) {
+      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
+      all_claimed = all_claimed && claims_[r] != kNoClaim;
+    }
+    // Every rank's input in its arena (known in the first step): this
+    // rank's whole block in this one step, read where each input lies.
+    const size_t len =
+        all_claimed ? counts[rank_] : clamp_piece(counts[rank_], lo, per);
+    for (int r = 0; r < size_; ++r) {
+      inputs_[r] = claiming && claims_[r] != kNoClaim
+          ? arenas_[r] + claims_[r] + (start[rank_] + lo) * esz
+          : area(r, s, false) + rank_ * sub;
+    }
     reduce(dst + lo * esz, inputs_.data(), size_, len);
     publish(kConsumed, g);
+    if (all_claimed) {
+      ++zero_copy_reduce_scatters_;
+      break;
+    }
   }
+  // Peers read this rank's input where it lies until they have consumed
+  // the last step: only then is it the caller's again.
+  if (in_arena && claiming && g > 0)
+    await_all(kConsumed, g);
 }
 
 void Transport::alltoallv(

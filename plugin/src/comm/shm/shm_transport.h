@@ -173,6 +173,10 @@ class Transport {
   uint64_t zero_copy_allreduces() const {
     return zero_copy_allreduces_;
   }
+  // Reduce-scatters done so far with every rank's input in its arena.
+  uint64_t zero_copy_reduce_scatters() const {
+    return zero_copy_reduce_scatters_;
+  }
 
  private:
   Transport(
@@ -228,6 +232,7 @@ class Transport {
   // this rank has loaded (with acquire); await() needs no load below it.
   std::vector<uint64_t> seen_;
   uint64_t zero_copy_allreduces_ = 0;
+  uint64_t zero_copy_reduce_scatters_ = 0;
   uint64_t step_ = 0;              // steps done, the same on every rank
   std::atomic<bool> interrupted_{false};
   std::string broken_;  // why the transport is unusable; empty while usable
