@@ -15,7 +15,9 @@ ronderun -H, RONDE_HIERARCHICAL=1: shared-memory reduce-scatter within a
 host, Gloo all-reduce across hosts, all-gather within the host), `flat` (the
 same with RONDE_HIERARCHICAL=0: one Gloo ring over every rank) and `torch`
 (torch_allreduce_bench.py, one process per rank started in its host,
-torch.distributed's gloo). Writes benchmarks/results/cluster-allreduce-
+torch.distributed's gloo); with --arena also `hier_arena` (`hier` with the
+buffer in the arena, as the engine makes its buckets: the reduce-scatter
+within a host reads it where it lies). --impls picks among them. Writes benchmarks/results/cluster-allreduce-
 <date>.json (--out), which benchmarks/fit_scaling.py reads.
 
 `train`: --hosts x --per-host ranks (default 2 x 1) at one --rate (default
@@ -260,11 +262,13 @@ def described(argvs, envs, keys):
 
 # ------------------------------------------------------------- all-reduce
 
-AR_IMPLS = ("hier", "flat", "torch")
+AR_IMPLS = ("hier", "hier_arena", "flat", "torch")
 AR_LABELS = {"hier": "ronde hierarchical (RONDE_HIERARCHICAL=1)",
+             "hier_arena": "ronde hierarchical, buffer in the arena",
              "flat": "ronde flat Gloo ring (RONDE_HIERARCHICAL=0)",
              "torch": "torch.distributed (gloo)"}
-AR_BACKEND = {"hier": "hierarchical", "flat": "gloo"}
+AR_BACKEND = {"hier": "hierarchical", "hier_arena": "hierarchical",
+              "flat": "gloo"}
 
 
 def summarize_allreduce(runs, impls):
@@ -286,14 +290,20 @@ def summarize_allreduce(runs, impls):
             row[f"{impl}_time_us"] = statistics.median(t)
             row[f"spread_{impl}"] = (max(bw) - min(bw)) / statistics.median(bw)
         for impl in ("hier", "flat"):
-            if impl in impls:
+            if impl in impls and "torch" in impls:
                 row[f"{impl}_over_torch"] = (row[f"{impl}_busbw_GBs"] /
                                              row["torch_busbw_GBs"])
                 row[f"{impl}_over_torch_per_round"] = [
                     x["results"][i]["busbw_GBs"] / y["results"][i]["busbw_GBs"]
                     for x, y in zip(runs[impl], runs["torch"])]
-        if "hier" in impls:
+        if "hier" in impls and "flat" in impls:
             row["hier_over_flat"] = row["hier_busbw_GBs"] / row["flat_busbw_GBs"]
+        if "hier" in impls and "hier_arena" in impls:
+            row["arena_over_hier"] = (row["hier_arena_busbw_GBs"] /
+                                      row["hier_busbw_GBs"])
+            row["arena_over_hier_per_round"] = [
+                x["results"][i]["busbw_GBs"] / y["results"][i]["busbw_GBs"]
+                for x, y in zip(runs["hier_arena"], runs["hier"])]
         rows.append(row)
     return rows
 
@@ -308,17 +318,22 @@ def print_allreduce(group, rounds, impls, n):
           f"{(n - 1) / n / ((group['hosts'] - 1) / group['hosts']):.2f} x it)")
     head = f"{'bytes':>10}" + "".join(f" {i:>8}" for i in impls)
     head += "".join(f" {i + '/torch':>11}" for i in ("hier", "flat")
-                    if i in impls)
-    head += (f" {'hier/flat':>9}" if "hier" in impls else "")
+                    if i in impls and "torch" in impls)
+    head += (f" {'hier/flat':>9}" if "hier_over_flat" in group["summary"][0]
+             else "")
+    head += (f" {'arena/hier':>10}" if "arena_over_hier" in group["summary"][0]
+             else "")
     head += "".join(f" {'spread_' + i:>12}" for i in impls)
     print(head)
     for x in group["summary"]:
         line = f"{size_label(x['bytes']):>10}"
         line += "".join(f" {x[i + '_busbw_GBs']:>8.4f}" for i in impls)
         line += "".join(f" {x[i + '_over_torch']:>11.2f}"
-                        for i in ("hier", "flat") if i in impls)
-        if "hier" in impls:
+                        for i in ("hier", "flat") if i + "_over_torch" in x)
+        if "hier_over_flat" in x:
             line += f" {x['hier_over_flat']:>9.2f}"
+        if "arena_over_hier" in x:
+            line += f" {x['arena_over_hier']:>10.2f}"
         line += "".join(f" {x['spread_' + i]:>12.0%}" for i in impls)
         print(line)
     sys.stdout.flush()
@@ -330,7 +345,8 @@ def plot_allreduce(path, groups, impls):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(groups), figsize=(7 * len(groups), 5),
                              squeeze=False)
-    styles = {"hier": "o-C0", "flat": "s-C2", "torch": "^-C1"}
+    styles = {"hier": "o-C0", "hier_arena": "D-C3", "flat": "s-C2",
+              "torch": "^-C1"}
     for ax, g in zip(axes[0], groups):
         rows = g["summary"]
         sizes = [x["bytes"] for x in rows]
@@ -372,7 +388,15 @@ def cmd_allreduce(a):
         except ImportError:
             raise SystemExit(f"--plot needs matplotlib: {sys.executable} -m "
                              "pip install matplotlib")
-    impls = [i for i in AR_IMPLS if i != "hier" or a.per_host > 1]
+    wanted = comma_list(a.impls) if a.impls else [
+        i for i in AR_IMPLS if i != "hier_arena" or a.arena]
+    unknown = [i for i in wanted if i not in AR_IMPLS]
+    if unknown:
+        raise SystemExit(f"--impls: unknown {unknown} (of {list(AR_IMPLS)})")
+    impls = [i for i in AR_IMPLS if i in wanted and
+             (not i.startswith("hier") or a.per_host > 1)]
+    if not impls:
+        raise SystemExit("nothing to measure")
     if "hier" not in impls:
         print("--per-host 1: no hierarchical all-reduce to measure",
               file=sys.stderr)
@@ -403,9 +427,10 @@ def cmd_allreduce(a):
                                     "OMP_NUM_THREADS")
                         else:
                             e = dict(env, RONDE_HIERARCHICAL=(
-                                "1" if impl == "hier" else "0"))
+                                "1" if impl.startswith("hier") else "0"))
+                            arena = ["--arena"] if impl == "hier_arena" else []
                             argvs = [ronderun_argv(
-                                a, c, [bench] + sweep + ["--json", out])]
+                                a, c, [bench] + sweep + arena + ["--json", out])]
                             envs = [e]
                             keys = ("RONDE_HIERARCHICAL", "OMP_NUM_THREADS")
                         t0 = time.monotonic()
@@ -603,6 +628,11 @@ def main():
     q.add_argument("-b", default="4K")
     q.add_argument("-e", default="256M")
     q.add_argument("-f", default="4")
+    q.add_argument("--arena", action="store_true",
+                   help="also hier_arena: hier with the buffer in the arena")
+    q.add_argument("--impls", help="comma-separated subset of "
+                   + ",".join(AR_IMPLS) + " (default: all but hier_arena, "
+                   "which --arena adds)")
     q.add_argument("--plot", metavar="FILE.png",
                    help="busbw against size, one panel per rate")
     q = sub.add_parser("train", help="training step, ronde against DDP")

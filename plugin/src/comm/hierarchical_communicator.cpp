@@ -20,6 +20,7 @@
 #include <exception>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace ronde::detail {
@@ -182,6 +183,13 @@ class HierarchicalCommunicator final : public Communicator {
     flat_->alltoall(in, send_bytes, out, recv_bytes);
   }
   // reduce_scatter: the default, over this all-reduce.
+  // The engine's buckets in this rank's arena on its host: the reduce-
+  // scatter within the host then reads every local rank's bucket where it
+  // lies (the pieces are slices of it) instead of copying it in.
+  std::optional<at::Tensor> shared_zeros(
+      int64_t numel, const at::TensorOptions& options) override {
+    return local_->shared_zeros(numel, options);
+  }
   void barrier() override {
     flat_->barrier();
   }
