@@ -18,8 +18,8 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -233,7 +233,8 @@ int main(int argc, char** argv) {
     std::ostringstream name;
     name << "buckets_" << mb << "MB";
     add_optimizer(
-        name.str(), ronde::DistributedOptimizerOptions().fusion_threshold_mb(mb));
+        name.str(),
+        ronde::DistributedOptimizerOptions().fusion_threshold_mb(mb));
   }
   // No size given: what the engine picks for this job's path.
   const double default_mb =
@@ -247,8 +248,8 @@ int main(int argc, char** argv) {
   if (autotune) {
     ronde::DistributedOptimizer* d = add_optimizer(
         "autotune",
-        ronde::DistributedOptimizerOptions().autotune(true).autotune_steps_per_trial(
-            trial_steps));
+        ronde::DistributedOptimizerOptions().autotune(true)
+            .autotune_steps_per_trial(trial_steps));
     while (!d->bucket_sizing().autotuned && tuning_steps < 400) {
       modes.back().step();
       ++tuning_steps;
@@ -265,7 +266,8 @@ int main(int argc, char** argv) {
   for (int w = 0; w < warmup; ++w)
     for (auto& m : modes)
       m.step();
-  auto samples = torch::zeros({static_cast<int64_t>(nm), passes}, torch::kDouble);
+  auto samples =
+      torch::zeros({static_cast<int64_t>(nm), passes}, torch::kDouble);
   auto acc = samples.accessor<double, 2>();
   for (int k = 0; k < passes; ++k) {
     for (size_t j = 0; j < nm; ++j) {
@@ -279,7 +281,8 @@ int main(int argc, char** argv) {
     }
   }
   // A step takes as long as its slowest rank.
-  ronde::allreduce_(samples, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
+  ronde::allreduce_(
+      samples, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
   auto index = [&](const std::string& n) {
     for (size_t m = 0; m < nm; ++m)
       if (modes[m].name == n)
