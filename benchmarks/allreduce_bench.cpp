@@ -17,9 +17,10 @@
 // --loop N times N checked calls made back to back, as a training loop
 // makes them, with no barrier between (loop_us, the mean per call).
 //
-// --arena makes the all-reduce's buffer, or the reduce-scatter's input,
-// where the engine makes its gradient buckets (in shared memory, the rank's
-// arena: reduced without a copy in; docs/shared_memory.md, "Zero-copy
+// --arena makes the all-reduce's buffer, the reduce-scatter's input, or
+// the all-gather's kept output (with --into), where the engine makes its
+// gradient buckets (in shared memory, the rank's arena: reduced without a
+// copy in, gathered without a copy out; docs/shared_memory.md, "Zero-copy
 // buckets").
 //
 // --process-set runs the collective on a process set instead of the job:
@@ -197,7 +198,10 @@ std::function<void()> make_call(
     case Op::Allgather: {
       auto opts = ronde::CollectiveOptions().verify(verify).process_set(g_set);
       if (g_into) {
-        at::Tensor out = at::empty({t.numel() * g_set.size()});
+        const int64_t n = t.numel() * g_set.size();
+        at::Tensor out = g_arena
+            ? ronde::detail::bucket_zeros(g_set, n, at::kFloat)
+            : at::empty({n});
         if (queued)
           return [t, out, opts] {
             ronde::allgather_into_async(t, out, opts).wait();

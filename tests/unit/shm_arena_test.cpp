@@ -1,10 +1,10 @@
-// The shared-memory arena and the zero-copy all-reduce and reduce-scatter:
-// allocation, reuse and a directory without room; buffers that outlive
-// their transport; and all-reduces and reduce-scatters of buffers in the
-// arenas (every rank's, some ranks', at different offsets), with and
-// without a postscale, equal bit for bit to the copying ones of the same
-// values (and a multiplication after it), which tests/multirank checks
-// against references.
+// The shared-memory arena and the zero-copy all-reduce, reduce-scatter and
+// all-gather: allocation, reuse and a directory without room; buffers that
+// outlive their transport; and all-reduces, reduce-scatters and all-gathers
+// of buffers in the arenas (every rank's, some ranks', at different
+// offsets), with and without a postscale, equal bit for bit to the copying
+// ones of the same values (and a multiplication after it), which
+// tests/multirank checks against references.
 #include "comm/shm/shm_arena.h"
 #include "comm/shm/shm_transport.h"
 #include "shm_job.h"
@@ -357,6 +357,78 @@ TEST_P(ZeroCopy, ReduceScatterEqualsTheCopyingOne) {
         }
         if (at)
           a.release(*at, total * sizeof(float));
+        if (pad)
+          a.release(*pad, 4096);
+      }
+    }
+    t->barrier();
+    return a.in_use() == 0 ? 0 : 13;
+  });
+  EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
+  EXPECT_TRUE(entries(job.shm_dir).empty());
+}
+
+// Each rank writes its block into every rank's output when every output is
+// in its arena; else through the slots. Blocks of unequal sizes, zero
+// bytes included; every output is checked as soon as the call returns.
+TEST_P(ZeroCopy, AllgatherEqualsTheCopyingOne) {
+  Job job;
+  const int n = GetParam();
+  job.start(n, [&](int r) {
+    auto t = shm::Transport::connect(
+        arena_options(job, r, n), file_rendezvous(job.rv_dir));
+    shm::Arena& a = *t->arena();
+    for (size_t base : {size_t{0}, size_t{1000}, size_t{300001}}) {
+      std::vector<size_t> bytes(n);
+      size_t total = 0;
+      for (int q = 0; q < n; ++q) {
+        bytes[q] = base + static_cast<size_t>(q) * 12;
+        total += bytes[q];
+      }
+      std::vector<char> in(bytes[r]), want(total);
+      for (size_t i = 0; i < bytes[r]; ++i)
+        in[i] = static_cast<char>((i * 7 + r * 31) % 251);
+      for (int q = 0, at = 0; q < n; at += bytes[q], ++q) {
+        for (size_t i = 0; i < bytes[q]; ++i)
+          want[at + i] = static_cast<char>((i * 7 + q * 31) % 251);
+      }
+      for (Placement p :
+           {Placement::All,
+            Placement::AllShifted,
+            Placement::OnlyRank1,
+            Placement::None}) {
+        std::optional<size_t> pad;
+        if (p == Placement::AllShifted && r == n - 1)
+          pad = a.allocate(4096);
+        const bool here = p == Placement::All || p == Placement::AllShifted ||
+                          (p == Placement::OnlyRank1 && r == 1);
+        std::vector<char> plain(total, 0x55);
+        std::optional<size_t> at;
+        char* out = plain.data();
+        if (here && total > 0) {
+          at = a.allocate(total);
+          if (!at)
+            return 10;
+          out = a.base() + *at;
+          std::memset(out, 0x55, total);
+        }
+        const uint64_t before = t->zero_copy_allgathers();
+        t->allgatherv(in.data(), out, bytes.data());
+        if (std::memcmp(out, want.data(), total) != 0) {
+          std::fprintf(
+              stderr,
+              "rank %d: base %zu placement %d: output differs\n",
+              r,
+              base,
+              static_cast<int>(p));
+          return 11;
+        }
+        const bool all = total > 0 &&
+            (p == Placement::All || p == Placement::AllShifted);
+        if (t->zero_copy_allgathers() != before + (all ? 1 : 0))
+          return 14;
+        if (at)
+          a.release(*at, total);
         if (pad)
           a.release(*pad, 4096);
       }

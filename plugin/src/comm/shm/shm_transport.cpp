@@ -351,14 +351,30 @@ void Transport::allgatherv(const void* in, void* out, const size_t* bytes) {
   }
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
+  // One of zero-copy size says in its first step where its output lies in
+  // this rank's arena, if it does. When every rank's does, each rank writes
+  // its block into every rank's output and the call ends there; else the
+  // steps go on through the input areas, the first one's already posted.
+  const size_t total = offset[size_ - 1] + bytes[size_ - 1];
+  const bool claiming = zero_copy_size(total);
+  Control& me = control(rank_);
   for (size_t lo = 0; lo < most; lo += chunk_) {
     const uint64_t g = begin_step();
     const int s = static_cast<int>(g & 1);
     const size_t mine = clamp_piece(bytes[rank_], lo, chunk_);
     if (mine > 0)
       std::memcpy(area(rank_, s, false), src + lo, mine);
+    if (claiming && lo == 0) {
+      me.claims[s].store(
+          arena_claim(out, total).value_or(kNoClaim),
+          std::memory_order_relaxed);
+    }
     publish(kPosted, g);
     await_all(kPosted, g);
+    if (claiming && lo == 0 && all_claimed(s)) {
+      allgather_into_arenas(src, bytes[rank_], offset[rank_], g);
+      return;
+    }
     for (int r = 0; r < size_; ++r) {
       const size_t len = clamp_piece(bytes[r], lo, chunk_);
       if (len > 0) {
@@ -370,6 +386,33 @@ void Transport::allgatherv(const void* in, void* out, const size_t* bytes) {
     }
     publish(kConsumed, g);
   }
+}
+
+bool Transport::all_claimed(int slot) {
+  bool all = true;
+  for (int r = 0; r < size_; ++r) {
+    claims_[r] = control(r).claims[slot].load(std::memory_order_relaxed);
+    all = all && claims_[r] != kNoClaim;
+  }
+  return all;
+}
+
+void Transport::allgather_into_arenas(
+    const char* src, size_t bytes, size_t at, uint64_t g) {
+  // This rank's block into every rank's output (claims_), starting with
+  // the next rank's, so that the ranks' writes spread over the buffers.
+  // No other rank writes those bytes; once every rank has published
+  // `reduced`, every block is in every output (release, then acquire).
+  ++zero_copy_allgathers_;
+  for (int i = 1; i <= size_; ++i) {
+    const int r = (rank_ + i) % size_;
+    char* to = arenas_[r] + claims_[r] + at;
+    if (bytes > 0 && to != src)
+      std::memcpy(to, src, bytes);
+  }
+  publish(kReduced, g);
+  await_all(kReduced, g);
+  publish(kConsumed, g);
 }
 
 void Transport::reduce_scatter(
@@ -416,16 +459,12 @@ void Transport::reduce_scatter(
     }
     publish(kPosted, g);
     await_all(kPosted, g);
-    // Every rank reads the same claims: all decide alike.
-    bool all_claimed = claiming;
-    for (int r = 0; claiming && r < size_; ++r) {
-      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
-      all_claimed = all_claimed && claims_[r] != kNoClaim;
-    }
-    // Every rank's input in its arena (known in the first step): this
-    // rank's whole block in this one step, read where each input lies.
+    // Every rank reads the same claims: all decide alike. Every rank's
+    // input in its arena (known in the first step): this rank's whole
+    // block in this one step, read where each input lies.
+    const bool whole = claiming && all_claimed(s);
     const size_t len =
-        all_claimed ? counts[rank_] : clamp_piece(counts[rank_], lo, per);
+        whole ? counts[rank_] : clamp_piece(counts[rank_], lo, per);
     for (int r = 0; r < size_; ++r) {
       inputs_[r] = claiming && claims_[r] != kNoClaim
           ? arenas_[r] + claims_[r] + (start[rank_] + lo) * esz
@@ -433,7 +472,7 @@ void Transport::reduce_scatter(
     }
     reduce(dst + lo * esz, inputs_.data(), size_, len);
     publish(kConsumed, g);
-    if (all_claimed) {
+    if (whole) {
       ++zero_copy_reduce_scatters_;
       break;
     }

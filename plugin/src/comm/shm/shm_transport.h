@@ -100,6 +100,8 @@ class Transport {
   }
   void broadcast(void* buf, size_t bytes, int root);
   // out receives every rank's bytes in rank order; bytes[r] is rank r's.
+  // Of zero-copy size with every rank's `out` in its arena, each rank
+  // writes its bytes into every rank's `out`, through no slot.
   void allgatherv(const void* in, void* out, const size_t* bytes);
   // in holds one block per rank, in rank order, counts[r] elements for rank
   // r; out receives this rank's block reduced over every rank.
@@ -177,6 +179,10 @@ class Transport {
   uint64_t zero_copy_reduce_scatters() const {
     return zero_copy_reduce_scatters_;
   }
+  // All-gathers done so far with every rank's output in its arena.
+  uint64_t zero_copy_allgathers() const {
+    return zero_copy_allgathers_;
+  }
 
  private:
   Transport(
@@ -192,6 +198,14 @@ class Transport {
       double scale,
       DType dtype,
       uint64_t g);
+
+  // Reads every rank's claim of this step's slot into claims_; whether
+  // every rank made one. Every rank reads the same claims after `posted`.
+  bool all_claimed(int slot);
+  // The all-gather of blocks into outputs that every rank has in its arena
+  // (claims_ of step g): `bytes` from `src` at offset `at` of each.
+  void allgather_into_arenas(
+      const char* src, size_t bytes, size_t at, uint64_t g);
 
   // Where this rank's input to a reduction into `data` (count * esz
   // bytes, the input itself) is read from: never its own input area. Once
@@ -233,6 +247,7 @@ class Transport {
   std::vector<uint64_t> seen_;
   uint64_t zero_copy_allreduces_ = 0;
   uint64_t zero_copy_reduce_scatters_ = 0;
+  uint64_t zero_copy_allgathers_ = 0;
   uint64_t step_ = 0;              // steps done, the same on every rank
   std::atomic<bool> interrupted_{false};
   std::string broken_;  // why the transport is unusable; empty while usable
