@@ -5,6 +5,7 @@
 // a directory too small.
 #include "comm/shm/shm_transport.h"
 #include "comm/dtype_table.h"
+#include "comm/shm/shm_arena.h"
 #include "runtime/rendezvous.h"
 #include "shm_job.h"
 
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -163,20 +165,36 @@ TEST(ShmTransport, CollectivesAcrossChunks) {
 
 // One collective of `op` over 16 MiB per rank (many chunks), by rank r of
 // n.
-void run_collective(shm::Transport& t, const std::string& op, int r, int n) {
+// `arena`, when given: a buffer of count * n floats in the transport's
+// arena, which is the all-reduce's buffer, the reduce-scatter's input or
+// the all-gather's output, as the engine's buckets are (read or written
+// in place).
+void run_collective(
+    shm::Transport& t,
+    const std::string& op,
+    int r,
+    int n,
+    float* arena = nullptr) {
   const size_t count = size_t{4} << 20;
   std::vector<float> x(count * n, 1.0f), y(count * n);
+  float* in = x.data();
+  float* out = y.data();
+  if (arena != nullptr && op == "allgather") {
+    out = arena;
+  } else if (arena != nullptr) {
+    std::fill(arena, arena + count * n, 1.0f);
+    in = arena;
+  }
   if (op == "allreduce") {
-    t.allreduce(x.data(), count, DType::F32, Reduction::Sum);
+    t.allreduce(in, count, DType::F32, Reduction::Sum);
   } else if (op == "broadcast") {
     t.broadcast(x.data(), count * 4, n - 1);
   } else if (op == "allgather") {
     std::vector<size_t> bytes(n, count * 4);
-    t.allgatherv(x.data(), y.data(), bytes.data());
+    t.allgatherv(in, out, bytes.data());
   } else if (op == "reducescatter") {
     std::vector<size_t> counts(n, count);
-    t.reduce_scatter(
-        x.data(), y.data(), counts.data(), DType::F32, Reduction::Sum);
+    t.reduce_scatter(in, out, counts.data(), DType::F32, Reduction::Sum);
   } else if (op == "alltoall") {
     std::vector<int64_t> bytes(n, count * 4);
     t.alltoallv(x.data(), bytes.data(), y.data(), bytes.data());
@@ -190,14 +208,38 @@ class KilledPeer : public ::testing::TestWithParam<std::string> {};
 
 // The last rank dies (SIGKILL) a moment into the collective: the others
 // fail within about the 100 ms between checks of its lock, not at the 20 s
-// timeout, and every later call fails at once.
+// timeout, and every later call fails at once. "_arena": with every rank's
+// buffer in its arena (the in-place paths).
 TEST_P(KilledPeer, IsNamedQuicklyInEveryCollective) {
   Job job;
   const int n = 3;
-  const std::string op = GetParam();
+  std::string op = GetParam();
+  const bool arena = op.size() > 6 && op.substr(op.size() - 6) == "_arena";
+  if (arena)
+    op.resize(op.size() - 6);
   job.start(n, [&](int r) {
-    auto t =
-        shm::Transport::connect(job.options(r, n), file_rendezvous(job.rv_dir));
+    shm::Options o = job.options(r, n);
+    if (arena)
+      o.arena_bytes = size_t{1} << 30;  // address space; pages as used
+    auto t = shm::Transport::connect(o, file_rendezvous(job.rv_dir));
+    float* buf = nullptr;
+    if (arena) {
+      // Left allocated: the process ends with the test.
+      const size_t bytes = (size_t{4} << 20) * n * sizeof(float);
+      const std::optional<size_t> at = t->arena()->allocate(bytes);
+      if (!at)
+        return 24;
+      buf = reinterpret_cast<float*>(t->arena()->base() + *at);
+      // One call before the death: it takes the in-place path.
+      auto in_place = [&] {
+        return t->zero_copy_allreduces() + t->zero_copy_reduce_scatters() +
+            t->zero_copy_allgathers();
+      };
+      const uint64_t before = in_place();
+      run_collective(*t, op, r, n, buf);
+      if (in_place() != before + 1)
+        return 25;
+    }
     t->barrier();
     if (r == n - 1) {
       std::thread([] {
@@ -210,7 +252,7 @@ TEST_P(KilledPeer, IsNamedQuicklyInEveryCollective) {
     const auto start = std::chrono::steady_clock::now();
     try {
       for (int i = 0; i < 100; ++i)
-        run_collective(*t, op, r, n);
+        run_collective(*t, op, r, n, buf);
       return 20;
     } catch (const shm::Failure& e) {
       const double s = std::chrono::duration<double>(
@@ -260,7 +302,10 @@ INSTANTIATE_TEST_SUITE_P(
         "allgather",
         "reducescatter",
         "alltoall",
-        "barrier"));
+        "barrier",
+        "allreduce_arena",
+        "allgather_arena",
+        "reducescatter_arena"));
 
 // The all-reduce fused with the check's frames is held to kMaxFusedBytes
 // whatever the chunk; a small chunk holds it to the rest of the chunk.
