@@ -146,8 +146,58 @@ TEST(ShmArena, AllreducesBelowTheZeroCopySizeAreCopied) {
   EXPECT_EQ(job.wait(), std::vector<int>(n, 0));
 }
 
-// How the ranks place their buffers in one case of the test below.
+// How the ranks place their buffers in one case of the tests below.
 enum class Placement { All, AllShifted, OnlyRank1, None };
+constexpr Placement kPlacements[] = {
+    Placement::All,
+    Placement::AllShifted,
+    Placement::OnlyRank1,
+    Placement::None};
+
+// Whether every rank's buffer is in its arena: the in-place path.
+bool all_in_arenas(Placement p) {
+  return p == Placement::All || p == Placement::AllShifted;
+}
+
+// Rank r's buffer of `bytes` (of n ranks) for one placement: in the arena
+// where the placement puts it, after a page of padding on the last rank
+// when shifted (its buffer then sits one allocation further on), else in
+// plain zeroed memory. Released when it goes.
+class Placed {
+ public:
+  Placed(shm::Arena& a, Placement p, int r, int n, size_t bytes)
+      : arena_(a), bytes_(bytes), plain_(bytes) {
+    if (p == Placement::AllShifted && r == n - 1)
+      pad_ = a.allocate(4096);
+    want_ = bytes > 0 &&
+        (all_in_arenas(p) || (p == Placement::OnlyRank1 && r == 1));
+    if (want_)
+      at_ = a.allocate(bytes);
+  }
+  ~Placed() {
+    if (at_)
+      arena_.release(*at_, bytes_);
+    if (pad_)
+      arena_.release(*pad_, 4096);
+  }
+  Placed(const Placed&) = delete;
+  Placed& operator=(const Placed&) = delete;
+  // False when the arena had no room for it.
+  bool ok() const {
+    return !want_ || at_.has_value();
+  }
+  template <typename T>
+  T* data() {
+    return reinterpret_cast<T*>(at_ ? arena_.base() + *at_ : plain_.data());
+  }
+
+ private:
+  shm::Arena& arena_;
+  size_t bytes_;
+  std::vector<char> plain_;
+  std::optional<size_t> pad_, at_;
+  bool want_ = false;
+};
 
 float value(int rank, size_t i) {
   return static_cast<float>(rank + 1) * 0.1f * static_cast<float>(i % 13) +
@@ -165,36 +215,19 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
     auto t = shm::Transport::connect(
         arena_options(job, r, n, /*split=*/n > 2), file_rendezvous(job.rv_dir));
     shm::Arena& a = *t->arena();
-    const auto placements = {
-        Placement::All,
-        Placement::AllShifted,
-        Placement::OnlyRank1,
-        Placement::None};
     // Around the 4096-byte chunk (1024 floats), and many chunks.
     for (size_t count : {size_t{1}, size_t{1000}, size_t{5000}, size_t{70001}}) {
-      for (Placement p : placements) {
-        // Shifted: the last rank's buffer sits one allocation further on.
-        std::optional<size_t> pad;
-        if (p == Placement::AllShifted && r == n - 1)
-          pad = a.allocate(4096);
-        const bool here = p == Placement::All || p == Placement::AllShifted ||
-                          (p == Placement::OnlyRank1 && r == 1);
-        std::vector<float> plain(count), expect(count);
-        std::optional<size_t> at;
-        float* buf = plain.data();
-        if (here) {
-          at = a.allocate(count * sizeof(float));
-          if (!at)
-            return 10;
-          buf = reinterpret_cast<float*>(a.base() + *at);
-        }
+      for (Placement p : kPlacements) {
+        Placed placed(a, p, r, n, count * sizeof(float));
+        if (!placed.ok())
+          return 10;
+        float* buf = placed.data<float>();
         for (size_t i = 0; i < count; ++i)
-          buf[i] = expect[i] = value(r, i);
+          buf[i] = value(r, i);
         const uint64_t before = t->zero_copy_allreduces();
         t->allreduce(buf, count, DType::F32, Reduction::Sum);
         // Without a copy exactly when every rank's buffer is in its arena.
-        const bool all = p == Placement::All || p == Placement::AllShifted;
-        if (t->zero_copy_allreduces() != before + (all ? 1 : 0))
+        if (t->zero_copy_allreduces() != before + (all_in_arenas(p) ? 1 : 0))
           return 14;
         // The copying all-reduce of the same values: the same bits.
         std::vector<float> copy(count);
@@ -218,10 +251,6 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
             return 11;
           }
         }
-        if (at)
-          a.release(*at, count * sizeof(float));
-        if (pad)
-          a.release(*pad, 4096);
       }
     }
     // A postscale is taken as x * float(scale) after the sum, as at::mul_
@@ -232,13 +261,11 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
     const double third = 1.0 / 3.0;
     for (Placement p : {Placement::All, Placement::None}) {
       for (size_t count : {size_t{1000}, size_t{70001}}) {
-        std::vector<float> plain(count), copy(count), small(count);
-        std::optional<size_t> at;
-        float* buf = plain.data();
-        if (p == Placement::All) {
-          at = a.allocate(count * sizeof(float));
-          buf = reinterpret_cast<float*>(a.base() + *at);
-        }
+        Placed placed(a, p, r, n, count * sizeof(float));
+        if (!placed.ok())
+          return 10;
+        float* buf = placed.data<float>();
+        std::vector<float> copy(count), small(count);
         for (size_t i = 0; i < count; ++i)
           buf[i] = copy[i] = small[i] = value(r, i);
         t->allreduce(buf, count, DType::F32, Reduction::Sum, third);
@@ -250,8 +277,6 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
               std::memcmp(&small[i], &want, 4) != 0)
             return 15;
         }
-        if (at)
-          a.release(*at, count * sizeof(float));
       }
     }
     std::vector<double> d(3000, r + 0.25), dcopy(d);
@@ -300,25 +325,12 @@ TEST_P(ZeroCopy, ReduceScatterEqualsTheCopyingOne) {
         first += q < r ? counts[q] : 0;
         total += counts[q];
       }
-      for (Placement p :
-           {Placement::All,
-            Placement::AllShifted,
-            Placement::OnlyRank1,
-            Placement::None}) {
-        std::optional<size_t> pad;
-        if (p == Placement::AllShifted && r == n - 1)
-          pad = a.allocate(4096);
-        const bool here = p == Placement::All || p == Placement::AllShifted ||
-                          (p == Placement::OnlyRank1 && r == 1);
-        std::vector<float> plain(total), out(counts[r]), copy_out(counts[r]);
-        std::optional<size_t> at;
-        float* in = plain.data();
-        if (here) {
-          at = a.allocate(total * sizeof(float));
-          if (!at)
-            return 10;
-          in = reinterpret_cast<float*>(a.base() + *at);
-        }
+      for (Placement p : kPlacements) {
+        Placed placed(a, p, r, n, total * sizeof(float));
+        if (!placed.ok())
+          return 10;
+        float* in = placed.data<float>();
+        std::vector<float> out(counts[r]), copy_out(counts[r]);
         for (size_t i = 0; i < total; ++i)
           in[i] = value(r, i);
         const uint64_t before = t->zero_copy_reduce_scatters();
@@ -326,8 +338,8 @@ TEST_P(ZeroCopy, ReduceScatterEqualsTheCopyingOne) {
             in, out.data(), counts.data(), DType::F32, Reduction::Sum);
         for (size_t i = 0; i < total; ++i)
           in[i] = -1e30f;
-        const bool all = p == Placement::All || p == Placement::AllShifted;
-        if (t->zero_copy_reduce_scatters() != before + (all ? 1 : 0))
+        if (t->zero_copy_reduce_scatters() !=
+            before + (all_in_arenas(p) ? 1 : 0))
           return 14;
         std::vector<float> copy(total);
         for (size_t i = 0; i < total; ++i)
@@ -355,10 +367,6 @@ TEST_P(ZeroCopy, ReduceScatterEqualsTheCopyingOne) {
             return 11;
           }
         }
-        if (at)
-          a.release(*at, total * sizeof(float));
-        if (pad)
-          a.release(*pad, 4096);
       }
     }
     t->barrier();
@@ -392,26 +400,12 @@ TEST_P(ZeroCopy, AllgatherEqualsTheCopyingOne) {
         for (size_t i = 0; i < bytes[q]; ++i)
           want[at + i] = static_cast<char>((i * 7 + q * 31) % 251);
       }
-      for (Placement p :
-           {Placement::All,
-            Placement::AllShifted,
-            Placement::OnlyRank1,
-            Placement::None}) {
-        std::optional<size_t> pad;
-        if (p == Placement::AllShifted && r == n - 1)
-          pad = a.allocate(4096);
-        const bool here = p == Placement::All || p == Placement::AllShifted ||
-                          (p == Placement::OnlyRank1 && r == 1);
-        std::vector<char> plain(total, 0x55);
-        std::optional<size_t> at;
-        char* out = plain.data();
-        if (here && total > 0) {
-          at = a.allocate(total);
-          if (!at)
-            return 10;
-          out = a.base() + *at;
-          std::memset(out, 0x55, total);
-        }
+      for (Placement p : kPlacements) {
+        Placed placed(a, p, r, n, total);
+        if (!placed.ok())
+          return 10;
+        char* out = placed.data<char>();
+        std::memset(out, 0x55, total);
         const uint64_t before = t->zero_copy_allgathers();
         t->allgatherv(in.data(), out, bytes.data());
         if (std::memcmp(out, want.data(), total) != 0) {
@@ -423,14 +417,9 @@ TEST_P(ZeroCopy, AllgatherEqualsTheCopyingOne) {
               static_cast<int>(p));
           return 11;
         }
-        const bool all = total > 0 &&
-            (p == Placement::All || p == Placement::AllShifted);
+        const bool all = total > 0 && all_in_arenas(p);
         if (t->zero_copy_allgathers() != before + (all ? 1 : 0))
           return 14;
-        if (at)
-          a.release(*at, total);
-        if (pad)
-          a.release(*pad, 4096);
       }
     }
     t->barrier();
