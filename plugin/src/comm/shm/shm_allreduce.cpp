@@ -93,21 +93,21 @@ void Transport::allreduce(
       std::memcpy(area(rank_, s, false), dst, m * esz);
     publish(kPosted, g);
     await_all(kPosted, g);
-    // Every rank reads the same claims: all decide alike.
-    bool all_claimed = claiming, any_claimed = false;
-    for (int r = 0; claiming && r < size_; ++r) {
-      claims_[r] = control(r).claims[s].load(std::memory_order_relaxed);
-      all_claimed = all_claimed && claims_[r] != kNoClaim;
-      any_claimed = any_claimed || claims_[r] != kNoClaim;
-    }
-    if (all_claimed && off == 0) {
+    // Every rank reads the same claims (all_claimed() loads them into
+    // claims_): all decide alike.
+    const bool all = claiming && all_claimed(s);
+    const bool any = claiming &&
+        std::any_of(claims_.begin(), claims_.end(), [](uint64_t c) {
+          return c != kNoClaim;
+        });
+    if (all && off == 0) {
       allreduce_in_arenas(count, esz, reduce, scale, dtype, g);
       return;
     }
     // A rank whose input is read in place must not write its result there
     // before the peers are done with it: with any claim the step splits,
     // which writes results only after every rank reduced its slice.
-    if (!split && !any_claimed) {
+    if (!split && !any) {
       for (int r = 0; r < size_; ++r)
         inputs_[r] = area(r, s, false);
       inputs_[rank_] = own_input(dst, m * esz);
@@ -119,7 +119,7 @@ void Transport::allreduce(
     }
     const auto [lo, hi] = slice_of(rank_, size_, m, esz);
     for (int r = 0; r < size_; ++r) {
-      const char* in = !any_claimed || claims_[r] == kNoClaim
+      const char* in = !any || claims_[r] == kNoClaim
           ? area(r, s, false)
           : arenas_[r] + claims_[r];
       // Never this rank's own input area (own_input()).
