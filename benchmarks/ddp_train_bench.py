@@ -26,6 +26,31 @@ def make_workload(name):
     return model, batch, x, y
 
 
+class StepClock:
+    """Each timed step's wall time and CPU time: this (the training)
+    thread's, and every other thread's of the process (the communication
+    threads), as train_bench measures them."""
+
+    def __init__(self):
+        self.wall, self.main_cpu, self.other_cpu = [], [], []
+
+    def start(self):
+        self._at = (time.perf_counter(), time.thread_time(),
+                    time.process_time())
+
+    def stop(self):
+        wall, main, process = self._at
+        main = time.thread_time() - main
+        self.wall.append(time.perf_counter() - wall)
+        self.main_cpu.append(main)
+        self.other_cpu.append(time.process_time() - process - main)
+
+    def cpu(self):
+        """Median CPU seconds per step: training thread, other threads."""
+        return [statistics.median(self.main_cpu),
+                statistics.median(self.other_cpu)]
+
+
 def make_mlp():
     return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(),
                          nn.Linear(4096, 4096), nn.ReLU(),
@@ -133,17 +158,21 @@ def main():
                                       lr=0.01, momentum=0.9)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    samples = []
+    clock = StepClock()
     for s in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        clock.start()
         opt.zero_grad(set_to_none=False)  # as train_bench: gradients stay allocated
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
         if s >= a.warmup:
-            samples.append(time.perf_counter() - t0)
-    step = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+            clock.stop()
+    step = torch.tensor([statistics.median(clock.wall)], dtype=torch.float64)
     dist.all_reduce(step, op=dist.ReduceOp.MAX)
     step = step.item()
+    # CPU: the mean over the ranks (Gloo's threads are the other ones).
+    cpu = torch.tensor(clock.cpu(), dtype=torch.float64)
+    dist.all_reduce(cpu)
+    main_cpu, other_cpu = (cpu / size).tolist()
     if rank == 0:
         print(f"{a.workload} ddp ({a.compression}, {a.backend}"
               f"{', zero' if a.zero else ''}): {size} rank(s), median step {step * 1e3:.1f} ms, "
@@ -155,6 +184,7 @@ def main():
                            "compression": a.compression, "ranks": size,
                            "batch_per_rank": batch, "step_s": step,
                            "samples_per_s": size * batch / step,
+                           "main_cpu_s": main_cpu, "other_cpu_s": other_cpu,
                            "steps": a.steps}, f)
     dist.destroy_process_group()
 

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -41,18 +40,20 @@ def local_worker(a, models):
 
     model, batch, x, y = models.make_workload(a.workload)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    samples = []
+    clock = models.StepClock()
     for s in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        clock.start()
         opt.zero_grad(set_to_none=False)
         F.cross_entropy(model(x), y).backward()
         opt.step()
         if s >= a.warmup:
-            samples.append(time.perf_counter() - t0)
+            clock.stop()
+    main_cpu, other_cpu = clock.cpu()
     with open(a.json, "w") as f:
         json.dump({"workload": a.workload, "mode": "local",
                    "batch_per_rank": batch,
-                   "step_s": statistics.median(samples)}, f)
+                   "step_s": statistics.median(clock.wall),
+                   "main_cpu_s": main_cpu, "other_cpu_s": other_cpu}, f)
 
 
 def worker(a):
@@ -96,17 +97,21 @@ def worker(a):
             F.cross_entropy(model(x), y).backward()
             opt.step()
             warmup += 1
-    samples, waits = [], []
+    clock, waits = models.StepClock(), []
     for s in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        clock.start()
         opt.zero_grad(set_to_none=False)  # as the DDP baseline
         F.cross_entropy(model(x), y).backward()
         opt.step()
         if s >= a.warmup:
-            samples.append(time.perf_counter() - t0)
+            clock.stop()
             waits.append(opt.last_step_profile().wait_seconds)
-    step = rt.allreduce(torch.tensor([statistics.median(samples)],
+    step = rt.allreduce(torch.tensor([statistics.median(clock.wall)],
                                      dtype=torch.float64), op=rt.Max).item()
+    # CPU: the mean over the ranks (ronde's communication thread is the
+    # other one).
+    main_cpu, other_cpu = rt.allreduce(
+        torch.tensor(clock.cpu(), dtype=torch.float64), op=rt.Average).tolist()
     if rt.rank() == 0:
         print(f"{a.workload} ronde-py: {rt.size()} rank(s), median step "
               f"{step * 1e3:.1f} ms, {rt.size() * batch / step:.1f} samples/s")
@@ -115,6 +120,7 @@ def worker(a):
                 json.dump({"workload": a.workload, "mode": "ronde-py",
                            "ranks": rt.size(), "batch_per_rank": batch,
                            "step_s": step, "wait_s": statistics.median(waits),
+                           "main_cpu_s": main_cpu, "other_cpu_s": other_cpu,
                            "samples_per_s": rt.size() * batch / step,
                            "steps": a.steps,
                            "bucket_mb": opt.bucket_sizing()[0],
@@ -157,11 +163,14 @@ def driver(a):
                          for x in paths]
                 if any(pr.wait() != 0 for pr in procs):
                     raise SystemExit(f"{wl} local2 failed")
-                steps = []
+                halves = []
                 for x in paths:
                     with open(x) as f:
-                        steps.append(json.load(f)["step_s"])
-                runs["local2"].append({"step_s": max(steps)})
+                        halves.append(json.load(f))
+                runs["local2"].append({
+                    "step_s": max(h["step_s"] for h in halves),
+                    "main_cpu_s": statistics.mean(h["main_cpu_s"] for h in halves),
+                    "other_cpu_s": statistics.mean(h["other_cpu_s"] for h in halves)})
                 for mode, prog in progs.items():
                     print(f"[{wl}] round {r + 1}/{a.rounds}: {mode}",
                           file=sys.stderr)
@@ -181,6 +190,10 @@ def driver(a):
                 steps = [x["step_s"] for x in runs[mode]]
                 row[f"{mode}_step_s"] = statistics.median(steps)
                 row[f"{mode}_steps_s"] = steps
+                # CPU per step: the training thread's, every other thread's.
+                for what in ("main_cpu_s", "other_cpu_s"):
+                    row[f"{mode}_{what}"] = statistics.median(
+                        x[what] for x in runs[mode])
             for mode in progs:
                 # Over two independent processes sharing the machine alike.
                 row[f"{mode}_eff_local2"] = (row["local2_step_s"] /
@@ -226,6 +239,13 @@ def driver(a):
                   f"{row[mode + '_over_ddp']:.3f}x DDP's, eff_local2 "
                   f"{row[mode + '_eff_local2']:.0%}, buckets "
                   f"{sorted(set(row[mode + '_bucket_mb']))} MiB")
+        print(f"{'':>8} CPU per step, training thread + other threads: " +
+              ", ".join(f"{m} {row[m + '_main_cpu_s'] * 1e3:.1f} + "
+                        f"{row[m + '_other_cpu_s'] * 1e3:.1f} ms"
+                        for m in ["local2"] + [k[:-len("_main_cpu_s")]
+                                               for k in row
+                                               if k.endswith("_main_cpu_s")
+                                               and k != "local2_main_cpu_s"]))
         if "ddp_ronde_step_s" in row:
             rr = row["ddp_ronde_over_ddp_per_round"]
             print(f"{'':>8} ddp_ronde (DDP on ronde's backend): "

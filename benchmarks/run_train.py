@@ -49,6 +49,9 @@ def main():
     p.add_argument("--autotune", action="store_true",
                    help="add ronde-autotune: the bucket-size search on, "
                         "timed after it has chosen (train_bench --autotune)")
+    p.add_argument("--pin", action="store_true",
+                   help="add ronde-pinned: the default mode with each rank "
+                        "bound to one core (taskset -c <local rank>)")
     p.add_argument("--variant", action="append", default=[],
                    metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                    help="add ronde-NAME: the default ronde mode with these "
@@ -99,7 +102,12 @@ def main():
                 for pr in procs:
                     if pr.wait() != 0:
                         raise SystemExit("local2 run failed")
-                return max(load(x)["step_s"] for x in paths)
+                figures = [load(x) for x in paths]
+                return {"step_s": max(x["step_s"] for x in figures),
+                        "main_cpu_s": statistics.mean(
+                            x["main_cpu_s"] for x in figures),
+                        "other_cpu_s": statistics.mean(
+                            x["other_cpu_s"] for x in figures)}
 
             wires = [c for c in a.compression.split(",") if c] if wl == "mlp" else []
             # The baselines run every round too, so every mode's spread over
@@ -122,6 +130,8 @@ def main():
                 name, _, assignments = spec.partition(":")
                 variants[f"ronde-{name}"] = ([], dict(
                     kv.split("=", 1) for kv in assignments.split(",") if kv))
+            if a.pin:
+                variants["ronde-pinned"] = ([], {})
             variants["ronde-gloo"] = ([], {"RONDE_SHM": "0"})
             for c in wires:
                 variants[f"ronde_{c}"] = (["--compression", c], {})
@@ -134,16 +144,24 @@ def main():
                         runs[impl].append(run([bench, "--mode", "local"] + common,
                                               f"{wl}-local-{r}"))
                     elif impl == "local2":
-                        runs[impl].append({"step_s": run_local2(r)})
+                        runs[impl].append(run_local2(r))
                     elif impl == "ddp":
                         runs[impl].append(run(
                             [ronderun, "-np", str(a.np), "--"] + ddp + common,
                             f"{wl}-ddp-{r}"))
                     else:
                         args, extra = variants[impl]
+                        cmd = [bench, "--mode", "ronde"] + args + common
+                        if impl == "ronde-pinned":
+                            # Rank i on core i (modulo the cores; not
+                            # nproc's count, which OMP_NUM_THREADS=1 makes 1).
+                            cores = len(os.sched_getaffinity(0))
+                            cmd = ["bash", "-c",
+                                   f'exec taskset -c $((RONDE_LOCAL_RANK % '
+                                   f'{cores})) "$@"', "pin"] + cmd
                         runs[impl].append(run(
-                            [ronderun, "-np", str(a.np), "--", bench, "--mode",
-                             "ronde"] + args + common, f"{wl}-{impl}-{r}", extra))
+                            [ronderun, "-np", str(a.np), "--"] + cmd,
+                            f"{wl}-{impl}-{r}", extra))
             local_step = statistics.median(x["step_s"] for x in runs["local"])
             local2_step = statistics.median(x["step_s"] for x in runs["local2"])
             batch = runs["local"][0]["batch_per_rank"]
@@ -151,6 +169,15 @@ def main():
                    "local_step_s": local_step, "local2_step_s": local2_step,
                    "local_steps_s": [x["step_s"] for x in runs["local"]],
                    "local2_steps_s": [x["step_s"] for x in runs["local2"]]}
+            # CPU time per step (train_bench's own clocks, the mean over the
+            # ranks): the training thread's and every other thread's (the
+            # communication thread).
+            for impl in ["local", "local2", "ddp"] + [m for m in variants]:
+                key = impl.replace("-", "_")
+                for what in ("main_cpu_s", "other_cpu_s"):
+                    per_round = [x[what] for x in runs[impl]]
+                    row[f"{key}_{what}"] = statistics.median(per_round)
+                    row[f"{key}_{what}_per_round"] = per_round
             modes = [m for m in variants if not m.startswith("ronde_")] + ["ddp"]
             ddp_step = statistics.median(x["step_s"] for x in runs["ddp"])
             for impl in modes:
@@ -188,13 +215,16 @@ def main():
           f"alternating rounds of the median of {a.steps} steps; allocator {a.allocator}")
     print(f"{'workload':>8} {'mode':>14} {'step_ms':>8} {'samples/s':>9} "
           f"{'eff_local':>9} {'eff_local2':>10} {'/ddp':>6} {'per round':>13} "
-          f"{'wait_ms':>7} {'buckets':>8}")
+          f"{'wait_ms':>7} {'buckets':>8} {'cpu_ms':>7} {'other':>6}")
     for row in out_rows:
         b = row["batch_per_rank"]
+        def cpu(key, width):
+            return (f"{' ' * width}{row[key + '_main_cpu_s'] * 1e3:>7.1f} "
+                    f"{row[key + '_other_cpu_s'] * 1e3:>6.1f}")
         print(f"{row['workload']:>8} {'local':>14} {row['local_step_s'] * 1e3:>8.1f} "
-              f"{b / row['local_step_s']:>9.1f}")
+              f"{b / row['local_step_s']:>9.1f}" + cpu("local", 61))
         print(f"{row['workload']:>8} {'local2':>14} {row['local2_step_s'] * 1e3:>8.1f} "
-              f"{a.np * b / row['local2_step_s']:>9.1f}")
+              f"{a.np * b / row['local2_step_s']:>9.1f}" + cpu("local2", 61))
         for key in row["modes"]:
             line = (f"{row['workload']:>8} {key.replace('_', '-'):>14} "
                     f"{row[key + '_step_s'] * 1e3:>8.1f} "
@@ -207,6 +237,9 @@ def main():
                          f"{min(rr):>6.3f}..{max(rr):<5.3f} "
                          f"{row[key + '_wait_s'] * 1e3:>7.1f} "
                          f"{','.join(f'{x:g}' for x in sizes):>8}")
+                line += cpu(key, 1)
+            else:
+                line += cpu(key, 46)
             print(line)
         for c, info in row["compression"].items():
             ratios = info["step_over_uncompressed"]

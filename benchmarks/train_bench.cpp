@@ -20,7 +20,16 @@
 #include <fstream>
 #include <iostream>
 
+#include <time.h>
+
 namespace {
+
+// CPU seconds used so far by this thread, or by the whole process.
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
 
 // Linear 1024-4096-4096-4096-1000 with ReLU.
 torch::nn::Sequential make_mlp() {
@@ -246,6 +255,9 @@ int main(int argc, char** argv) {
   int total = warmup + steps * (cuda ? windows : 1);
   auto window_start = std::chrono::steady_clock::now();
   int64_t bytes_at_warmup = 0;
+  // CPU time of each timed step: this (the training) thread's, and that of
+  // every other thread of the process (the communication thread's).
+  std::vector<double> main_cpus, other_cpus;
   for (int s = 0; s < total; ++s) {
     // Warm-up lasts until the search has chosen: every rank adopts rank
     // 0's choice at the same step, so every rank stops warming up alike.
@@ -261,6 +273,8 @@ int main(int argc, char** argv) {
       window_start = std::chrono::steady_clock::now();
     }
     auto t0 = std::chrono::steady_clock::now();
+    const double main_cpu0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    const double process_cpu0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
     // Gradients stay allocated between steps (no set_to_none) in every mode
     // and in the DDP baseline alike: see benchmarks/README.md on allocator
     // noise.
@@ -276,6 +290,12 @@ int main(int argc, char** argv) {
     // be queued, since step() does not wait for the device).
     if (dopt && s >= warmup)
       waits.push_back(dopt->last_step_profile().wait_seconds);
+    if (s >= warmup) {
+      const double main = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - main_cpu0;
+      main_cpus.push_back(main);
+      other_cpus.push_back(
+          cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_cpu0 - main);
+    }
     if (cuda) {
       if (s >= warmup && (s - warmup) % steps == steps - 1) {
         torch::cuda::synchronize();
@@ -293,6 +313,8 @@ int main(int argc, char** argv) {
     if (s >= warmup)
       samples.push_back(dt);
   }
+  double main_cpu = median(main_cpus);
+  double other_cpu = median(other_cpus);
   double step = median(samples);
   double wait = waits.empty() ? 0 : median(waits);
   if (distributed) {
@@ -300,6 +322,12 @@ int main(int argc, char** argv) {
     ronde::allreduce_(t, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
     step = t[0].item<double>();
     wait = t[1].item<double>();
+    // CPU time: the mean over the ranks.
+    auto c = torch::tensor({main_cpu, other_cpu}, torch::kDouble);
+    ronde::allreduce_(
+        c, ronde::AllreduceOptions().op(ronde::ReduceOp::Average));
+    main_cpu = c[0].item<double>();
+    other_cpu = c[1].item<double>();
   }
   const int world = distributed ? ronde::size() : 1;
   // Gradient bytes each rank put into its collectives per measured step,
@@ -310,7 +338,8 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf(
         "%s%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "
-        "%.1f samples/s, comm wait %.1f ms\n",
+        "%.1f samples/s, comm wait %.1f ms, CPU per step %.1f ms training "
+        "thread + %.1f ms other threads\n",
         workload.c_str(),
         sync_bn ? " (SyncBatchNorm)" : "",
         mode.c_str(),
@@ -319,14 +348,17 @@ int main(int argc, char** argv) {
         world,
         step * 1e3,
         world * batch / step,
-        wait * 1e3);
+        wait * 1e3,
+        main_cpu * 1e3,
+        other_cpu * 1e3);
     if (!json_path.empty()) {
       std::ofstream json(json_path);
       json << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
           << "\",\"device\":\"" << device_name << "\",\"compression\":\""
           << compression << "\",\"ranks\":" << world
           << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
-          << ",\"wait_s\":" << wait
+          << ",\"wait_s\":" << wait << ",\"main_cpu_s\":" << main_cpu
+          << ",\"other_cpu_s\":" << other_cpu
           << ",\"samples_per_s\":" << world * batch / step
           << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
           << ",\"sync_bn\":" << (sync_bn ? "true" : "false");
