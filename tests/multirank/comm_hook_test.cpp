@@ -32,6 +32,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Case{"hook_builtins", 2},
         Case{"hook_builtins", 3},
+        Case{"hook_cast_steps", 2},
+        Case{"hook_cast_steps", 3},
         Case{"powersgd_train", 2},
         Case{"powersgd_train", 3},
         Case{"powersgd_train", 4},

@@ -185,6 +185,59 @@ RONDE_SCENARIO(hook_builtins) {
   return scenario_exit_code();
 }
 
+// The 16-bit hooks over several steps of one bucket per gradient, each
+// cast into the hook's kept wire buffer (grown to the largest, a prefix of
+// it for the others), there in the shared-memory arena (every size is
+// read in place): every step's gradients equal the all-reduce of each
+// gradient cast, made by hand, bit for bit.
+RONDE_SCENARIO(hook_cast_steps) {
+  ::setenv("RONDE_SHM_ZERO_COPY_BYTES", "0", 1);
+  ronde::init();
+  const int r = ronde::rank();
+  for (const at::ScalarType wire : {at::kHalf, at::kBFloat16}) {
+    Net net = make_net(true);
+    auto base = std::make_shared<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.1));
+    auto hook = wire == at::kHalf ? ronde::fp16_compress_hook()
+                                  : ronde::bf16_compress_hook();
+    ronde::DistributedOptimizer opt(
+        base,
+        net->named_parameters(),
+        ronde::DistributedOptimizerOptions()
+            .comm_hook(hook)
+            // A bucket closes once it holds its cap: one per gradient.
+            .fusion_threshold_mb(0.000001)
+            .first_bucket_mb(0.000001));
+    for (int s = 0; s < 3; ++s) {
+      auto want = local_grads(net, r, s);
+      for (auto& g : want)
+        g = ronde::allreduce(g.to(wire)).to(torch::kDouble);
+      auto [x, y] = batch_of(r, s);
+      opt.zero_grad();
+      torch::mse_loss(net->forward(x), y).backward();
+      opt.synchronize();
+      auto params = net->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        CHECK_W(
+            torch::equal(params[i].grad(), want[i]),
+            hook->name(),
+            " step ",
+            s,
+            ": gradient ",
+            i,
+            " differs from the hand-made all-reduce");
+      }
+      opt.step();
+    }
+    CHECK_W(
+        opt.buckets().size() == net->parameters().size(),
+        "expected one bucket per gradient, got ",
+        opt.buckets().size());
+  }
+  ronde::shutdown();
+  return scenario_exit_code();
+}
+
 // PowerSGD: replicas bitwise equal after every step, fewer bytes than the
 // all-reduce, and with start_iter beyond the run, plain training exactly.
 RONDE_SCENARIO(powersgd_train) {
