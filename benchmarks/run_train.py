@@ -3,7 +3,8 @@ local2 (two independent processes at once: the fair baseline when two ranks
 share two cores), ronde (DistributedOptimizer, 2 ranks, shared memory on
 one host), ronde-gloo (the same over Gloo, RONDE_SHM=0) and PyTorch DDP
 (gloo, 2 ranks), all alternating over several rounds; --bucket-mb,
---no-arena, --autotune and --variant add ronde modes (benchmarks/README.md).
+--no-arena, --autotune, --pin and --variant add ronde modes. Every mode
+also gives its CPU time per step by thread (benchmarks/README.md).
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
 
