@@ -186,6 +186,7 @@ def driver(a):
                         runs[mode].append(json.load(f))
             row = {"workload": wl, "ranks": a.np,
                    "batch_per_rank": runs["ddp"][0]["batch_per_rank"]}
+            row["cpu_modes"] = ["local2"] + list(progs)
             for mode in list(progs) + ["local2"]:
                 steps = [x["step_s"] for x in runs[mode]]
                 row[f"{mode}_step_s"] = statistics.median(steps)
@@ -242,10 +243,7 @@ def driver(a):
         print(f"{'':>8} CPU per step, training thread + other threads: " +
               ", ".join(f"{m} {row[m + '_main_cpu_s'] * 1e3:.1f} + "
                         f"{row[m + '_other_cpu_s'] * 1e3:.1f} ms"
-                        for m in ["local2"] + [k[:-len("_main_cpu_s")]
-                                               for k in row
-                                               if k.endswith("_main_cpu_s")
-                                               and k != "local2_main_cpu_s"]))
+                        for m in row["cpu_modes"]))
         if "ddp_ronde_step_s" in row:
             rr = row["ddp_ronde_over_ddp_per_round"]
             print(f"{'':>8} ddp_ronde (DDP on ronde's backend): "

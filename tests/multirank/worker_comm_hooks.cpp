@@ -43,6 +43,29 @@ std::vector<torch::Tensor> local_grads(Net& net, int q, int s) {
   return torch::autograd::grad({loss}, params, {}, false, false, true);
 }
 
+// Step `s`'s backward on this rank's batch and opt.synchronize(): every
+// gradient equal to `want`'s, bit for bit, else a failure naming `what`.
+void check_synchronized(
+    Net& net,
+    ronde::DistributedOptimizer& opt,
+    int s,
+    const std::vector<torch::Tensor>& want,
+    const std::string& what) {
+  auto [x, y] = batch_of(ronde::rank(), s);
+  opt.zero_grad();
+  torch::mse_loss(net->forward(x), y).backward();
+  opt.synchronize();
+  auto params = net->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHECK_W(
+        torch::equal(params[i].grad(), want[i]),
+        what,
+        ": gradient ",
+        i,
+        " differs from the hand-made all-reduce");
+  }
+}
+
 // Step `s` of this rank's training; with `zero_loss`, the same batch's
 // loss times 0 (zero gradients, and a step like every rank's).
 void step_on(
@@ -100,19 +123,7 @@ RONDE_SCENARIO(hook_builtins) {
         base,
         net->named_parameters(),
         ronde::DistributedOptimizerOptions().comm_hook(c.hook));
-    auto [x, y] = batch_of(r, 0);
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.synchronize();
-    auto params = net->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      CHECK_W(
-          torch::equal(params[i].grad(), want[i]),
-          c.hook->name(),
-          ": gradient ",
-          i,
-          " differs from the hand-made all-reduce");
-    }
+    check_synchronized(net, opt, 0, want, c.hook->name());
     const int64_t bytes = c.wire ? 2 : 8;
     CHECK_W(c.hook->buckets_reduced() >= 1, c.hook->name(), " reduced none");
     CHECK_W(
@@ -212,21 +223,8 @@ RONDE_SCENARIO(hook_cast_steps) {
       auto want = local_grads(net, r, s);
       for (auto& g : want)
         g = ronde::allreduce(g.to(wire)).to(torch::kDouble);
-      auto [x, y] = batch_of(r, s);
-      opt.zero_grad();
-      torch::mse_loss(net->forward(x), y).backward();
-      opt.synchronize();
-      auto params = net->parameters();
-      for (size_t i = 0; i < params.size(); ++i) {
-        CHECK_W(
-            torch::equal(params[i].grad(), want[i]),
-            hook->name(),
-            " step ",
-            s,
-            ": gradient ",
-            i,
-            " differs from the hand-made all-reduce");
-      }
+      check_synchronized(
+          net, opt, s, want, hook->name() + " step " + std::to_string(s));
       opt.step();
     }
     CHECK_W(
