@@ -1,7 +1,8 @@
 // Sharded optimizer state (ZeRO stages 1 and 2) across real processes:
 // every element-wise optimizer and the variants (two param groups,
 // gradient accumulation, an unused parameter, global-norm clipping, AMP
-// with an overflow, a warmup schedule, stage 2) equal the unsharded
+// with an overflow, a warmup schedule, stage 2, stage 2 with a layer used
+// on alternate ranks and with fp16 wires) equal the unsharded
 // optimizer bit for bit over shared memory at 2, 3 and 4 ranks, and within
 // rounding over Gloo; checkpoints move between sharded and unsharded jobs
 // and from 4 ranks to 2.
@@ -55,7 +56,9 @@ INSTANTIATE_TEST_SUITE_P(
             "amp",
             "warmup",
             "stage2",
-            "zerocopy")),
+            "zerocopy",
+            "stage2_partial",
+            "stage2_fp16")),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(

@@ -70,8 +70,13 @@ bool agree(Replica& a, Replica& b) {
 
 // optimizer, variant: plain | groups | bpps2 | unused | clip | amp | warmup
 // | stage2 | zerocopy (every bucket in the shared-memory arena, whatever
-// its size: the reduce-scatter reads every rank's where it lies).
+// its size: the reduce-scatter reads every rank's where it lies) |
+// stage2_partial (the extra layer used on every other rank in turn: stage
+// 2's kept staging buffers must not carry an earlier step's gradient into
+// it) | stage2_fp16 (stage 2, fp16 wires on both replicas).
 int scenario_zero(const std::string& optimizer, const std::string& variant) {
+  const bool stage2 = variant.rfind("stage2", 0) == 0;
+  const bool partial = variant == "stage2_partial";
   if (variant == "zerocopy")  // read once, at init()
     ::setenv("RONDE_SHM_ZERO_COPY_BYTES", "0", 1);
   ronde::init();
@@ -79,13 +84,14 @@ int scenario_zero(const std::string& optimizer, const std::string& variant) {
   const bool unused = variant == "unused";
   const int64_t k = variant == "bpps2" ? 2 : 1;
   auto o = small_buckets().backward_passes_per_step(k);
+  if (variant == "stage2_fp16")
+    o.compression(ronde::Compression::FP16);
   Replica plain = make_replica(optimizer, variant == "groups", !unused, o);
   Replica shard = make_replica(
       optimizer,
       variant == "groups",
       !unused,
-      variant == "stage2" ? o.shard_gradients(true)
-                          : o.shard_optimizer_state(true));
+      stage2 ? o.shard_gradients(true) : o.shard_optimizer_state(true));
   CHECK_W(shard.opt->sharded() && !plain.opt->sharded(), "sharded()");
   std::vector<std::unique_ptr<ronde::WarmupScheduler>> scheds;
   std::vector<std::unique_ptr<ronde::GradScaler>> scalers;
@@ -102,6 +108,8 @@ int scenario_zero(const std::string& optimizer, const std::string& variant) {
   for (int s = 0; s < 8; ++s) {
     int which = 0;
     for (Replica* m : {&plain, &shard}) {
+      if (partial)
+        m->net->use_extra_ = (ronde::rank() + s) % 2 == 0;
       m->opt->zero_grad();
       for (int64_t pass = 0; pass < k; ++pass) {
         auto [x, y] = batch(s * 2 + static_cast<int>(pass));

@@ -148,6 +148,18 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     Handle handle;
     at::Tensor wire;  // sharded: the 16-bit copy sent when compressing
     at::Tensor owned;  // sharded: this rank's averaged range, once waited
+    // Sharded, on the host: the reduce-scatter's output, kept between
+    // steps (a fresh one of tens of MB is faulted in page by page).
+    at::Tensor kept_owned;
+  };
+  // Stage 2 on the host: the buffers its buckets (and their 16-bit wires)
+  // are packed into, kept between steps; one is free again once the
+  // reduce-scatter reading it is done (sharded_step.cpp).
+  struct Staging {
+    at::Tensor buffer;
+    Handle reader;      // the collective reading it, if any
+    bool held = false;  // being packed, before its collective starts
+    bool used = false;  // taken in this step
   };
 
   void hook(size_t slot, NodePtr accumulator);
@@ -193,6 +205,13 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   };
   ReduceFactors reduce_factors() const;
   void launch_sharded(size_t bucket);
+  // A kept staging buffer of at least `numel` elements of `options`'
+  // type that nothing reads (the smallest that fits), else a new one;
+  // held until released. Its index.
+  size_t take_staging_locked(int64_t numel, const at::TensorOptions& options);
+  // The reduce-scatter's output for bucket `bi` on the host (kept_owned),
+  // or none (a new tensor) on a device or a 16-bit wire.
+  at::Tensor owned_into_locked(size_t bi, const at::Tensor& target);
   void wait_all_sharded();
   void unpack_sharded();
   void make_shards_locked();
@@ -239,6 +258,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   at::Tensor used_;  // the flags summed over ranks
   bool gather_verified_ = false;
   at::Tensor gather_pool_[2];  // the all-gathers' outputs, reused
+  std::vector<Staging> staging_;  // stage 2, on the host
   double last_step_end_ = 0;           // on the autotune clock
 };
 

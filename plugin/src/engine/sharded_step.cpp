@@ -15,7 +15,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 namespace ronde::detail {
 void GradientEngine::make_shards_locked() {
@@ -39,6 +41,9 @@ void GradientEngine::make_shards_locked() {
   }
   launched_used_.assign(layout_.slots.size(), 0.0f);
   had_grad_.assign(layout_.slots.size(), 0);
+  // New buckets (a relayout, a new world): staging made for the old ones
+  // goes.
+  staging_.clear();
   gather_verified_ = false;
   shards_changed_ = true;
 }
@@ -69,7 +74,9 @@ std::vector<at::Tensor> GradientEngine::parameters() const {
 }
 
 // Stage 1 packs into the bucket's own buffer; stage 2 into a buffer that
-// lives until the reduce-scatter is done, and lets each .grad go.
+// lives until the reduce-scatter is done, and lets each .grad go. On the
+// host that buffer, the 16-bit wire and the output are kept between steps
+// (take_staging_locked, owned_into_locked).
 void GradientEngine::launch_sharded(size_t bi) {
   const LayoutBucket& b = layout_.buckets[bi];
   BucketState& state = bucket_state_[bi];
@@ -79,18 +86,34 @@ void GradientEngine::launch_sharded(size_t bi) {
     launched_used_[slot] = used_here(slot) ? 1.0f : 0.0f;
     had_grad_[slot] = layout_.slots[slot].param.grad().defined();
   }
+  const at::Tensor& first = layout_.slots[b.slots.front()].param;
+  const auto opts = first.options().requires_grad(false);
+  const bool host = first.device().is_cpu();
+  std::optional<size_t> packed;  // the staging buffer `flat` lies in
   at::Tensor flat;
   if (shard_gradients_) {
-    const at::Tensor& first = layout_.slots[b.slots.front()].param;
-    flat = at::zeros({b.numel}, first.options().requires_grad(false));
+    if (host) {
+      packed = take_staging_locked(b.numel, opts);
+      flat = staging_[*packed].buffer.narrow(0, 0, b.numel);
+    } else {
+      flat = at::zeros({b.numel}, opts);
+    }
+    // A kept buffer holds an earlier bucket, a new one anything: zeros
+    // wherever no gradient is copied (padding, parameters unused here).
     std::vector<at::Tensor> dst, src;
+    int64_t end = 0;
     for (size_t slot : b.slots) {
       const LayoutSlot& s = layout_.slots[slot];
-      if (used_here(slot)) {
-        dst.push_back(segment_view(flat, s.offset, s.param.sizes()));
-        src.push_back(s.param.grad());
-      }
+      if (!used_here(slot))
+        continue;
+      if (packed && s.offset > end)
+        flat.narrow(0, end, s.offset - end).zero_();
+      dst.push_back(segment_view(flat, s.offset, s.param.sizes()));
+      src.push_back(s.param.grad());
+      end = s.offset + s.param.numel();
     }
+    if (packed && end < b.numel)
+      flat.narrow(0, end, b.numel - end).zero_();
     if (!dst.empty())
       batched_copy(dst, src);
     for (size_t slot : b.slots)
@@ -104,11 +127,19 @@ void GradientEngine::launch_sharded(size_t bi) {
   profile_.hooks = hooks_;
   state.wire = at::Tensor();
   at::Tensor target = flat;
+  std::optional<size_t> sent = packed;  // the staging buffer the call reads
   if (compressible(flat, options_.compression())) {
-    state.wire = flat.to(wire_dtype(options_.compression()));
+    const auto wire_opts = opts.dtype(wire_dtype(options_.compression()));
+    if (packed) {
+      sent = take_staging_locked(b.numel, wire_opts);
+      state.wire = staging_[*sent].buffer.narrow(0, 0, b.numel).copy_(flat);
+      staging_[*packed].held = false;  // read: free at once
+    } else {
+      state.wire = flat.to(wire_opts.dtype());
+    }
     target = state.wire;
   }
-  state.handle = reducescatter_async(
+  state.handle = reducescatter_call(
       target.view({b.numel / kShardAlign, kShardAlign}),
       ReducescatterOptions()
           .op(r.op)
@@ -116,8 +147,56 @@ void GradientEngine::launch_sharded(size_t bi) {
           .postscale_factor(r.post)
           .name(b.name)
           .process_set(options_.process_set())
-          .verify(!verified_ || bi == 0));
+          .verify(!verified_ || bi == 0),
+      /*blocking=*/false,
+      owned_into_locked(bi, target));
+  if (sent) {
+    staging_[*sent].reader = state.handle;
+    staging_[*sent].held = false;
+  }
   state.launched = true;
+}
+
+size_t GradientEngine::take_staging_locked(
+    int64_t numel, const at::TensorOptions& options) {
+  size_t best = staging_.size();
+  for (size_t i = 0; i < staging_.size(); ++i) {
+    const Staging& s = staging_[i];
+    const bool reading = s.reader.state() && !s.reader.done();
+    if (s.held || reading || s.buffer.dtype() != options.dtype() ||
+        s.buffer.numel() < numel)
+      continue;
+    if (best == staging_.size() ||
+        s.buffer.numel() < staging_[best].buffer.numel())
+      best = i;
+  }
+  // Private memory: in the arena, where the reduce-scatter would read it
+  // in place, the step was no faster and peak RSS higher
+  // (benchmarks/README.md, "Kept buffers for the sharded step"). Whatever
+  // it holds, the packing overwrites or zeroes.
+  if (best == staging_.size())
+    staging_.push_back(Staging{at::empty({numel}, options)});
+  Staging& s = staging_[best];
+  s.reader = Handle();
+  s.held = true;
+  s.used = true;
+  return best;
+}
+
+at::Tensor GradientEngine::owned_into_locked(
+    size_t bi, const at::Tensor& target) {
+  const LayoutBucket& b = layout_.buckets[bi];
+  const ProcessSet& set = options_.process_set();
+  const auto [lo, hi] = owned_range(b.numel, set.rank(), set.size());
+  const at::Tensor& first = layout_.slots[b.slots.front()].param;
+  at::Tensor& kept = bucket_state_[bi].kept_owned;
+  if (!first.device().is_cpu())
+    return at::Tensor();
+  if (!kept.defined() || kept.numel() != hi - lo ||
+      kept.scalar_type() != first.scalar_type())
+    kept = at::empty({hi - lo}, first.options().requires_grad(false));
+  // A 16-bit wire's output comes new and is converted into `kept` after.
+  return target.scalar_type() == kept.scalar_type() ? kept : at::Tensor();
 }
 
 // Whether each parameter was used on some rank, for the pieces this rank
@@ -139,12 +218,26 @@ void GradientEngine::wait_all_sharded() {
     if (state.wire.defined()) {
       const at::Tensor& first =
           layout_.slots[layout_.buckets[bi].slots.front()].param;
-      owned = owned.to(first.scalar_type());
+      owned = state.kept_owned.defined() ? state.kept_owned.copy_(owned)
+                                         : owned.to(first.scalar_type());
       state.wire = at::Tensor();
     }
     state.owned = owned;
   }
   used_handle_.wait();
+  // Every reduce-scatter is done: a staging buffer this step did not take
+  // goes (the buckets changed, or fewer were in flight at once).
+  staging_.erase(
+      std::remove_if(
+          staging_.begin(),
+          staging_.end(),
+          [](const Staging& s) { return !s.used; }),
+      staging_.end());
+  for (Staging& s : staging_) {
+    s.used = false;
+    s.held = false;  // a launch that threw left it held
+    s.reader = Handle();
+  }
   profile_.wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
