@@ -175,7 +175,7 @@ size_t GradientEngine::take_staging_locked(
   // (benchmarks/README.md, "Kept buffers for the sharded step"). Whatever
   // it holds, the packing overwrites or zeroes.
   if (best == staging_.size())
-    staging_.push_back(Staging{at::empty({numel}, options)});
+    staging_.push_back(Staging{at::empty({numel}, options), Handle()});
   Staging& s = staging_[best];
   s.reader = Handle();
   s.held = true;
