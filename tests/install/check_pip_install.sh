@@ -15,9 +15,9 @@ log() { printf '[pip install check] %s\n' "$*"; }
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 log "building the wheel against torch $torch_version (build directory $pip_build)"
-# Make, as the CMake build uses: with ccache (CCACHE_BASEDIR set, the
-# build directory beside the main one) the compiler calls are the same and
-# hit its cache.
+# Make and the compiler (CXX, set by the test to the CMake build's), as the
+# CMake build uses: with ccache (CCACHE_BASEDIR set, the build directory
+# beside the main one) the compiler calls are the same and hit its cache.
 CMAKE_GENERATOR=${CMAKE_GENERATOR:-Unix Makefiles} \
   CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   "$python" -m pip wheel -q --no-build-isolation --no-deps \
