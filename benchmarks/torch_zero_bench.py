@@ -5,6 +5,7 @@ torch.distributed.optim.ZeroRedundancyOptimizer(Adam) (or plain Adam with
 state bytes and peak RSS, and the median step time after a warm-up step.
 """
 import argparse
+import gc
 import json
 import resource
 import time
@@ -59,6 +60,14 @@ def main():
             "state_bytes_per_rank": figures[0].item(),
             "peak_rss_mb": figures[1].item(),
             "step_s": figures[2].item()}), flush=True)
+    # DDP's reducer holds the process group and is destroyed with the GIL
+    # held: were its reference the last, ProcessGroupGloo's destructor
+    # would wait, GIL held, on a worker thread that needs the GIL to free
+    # a finished work's tensors (the job hung at exit). Release it first,
+    # so that the group goes in destroy_process_group(), which releases
+    # the GIL.
+    del opt, inner, ddp
+    gc.collect()
     dist.destroy_process_group()
 
 
