@@ -1,6 +1,7 @@
 // One rank of the sharding benchmark (run_zero.py starts it under
 // ronderun): an MLP of `layers` square Linear layers of `width` (each
-// weight width^2 elements: 25M at width 5000), Adam, ZeRO stage 0, 1 or 2.
+// weight width^2 elements: 25M at width 5000), Adam, ZeRO stage 0, 1 or 2,
+// with `--compression fp16|bf16` a 16-bit wire.
 // Rank 0 prints one JSON line: the optimizer-state bytes per rank (the
 // largest), peak resident memory per rank (the largest, VmHWM), and the
 // median step time after a warm-up step.
@@ -34,10 +35,23 @@ double peak_rss_mb() {
 int main(int argc, char** argv) {
   int stage = 0, layers = 4, steps = 4, batch = 8;
   int64_t width = 5000;
+  ronde::Compression compression = ronde::Compression::None;
+  std::string wire = "none";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (k == "--stage")
+    if (k == "--compression") {
+      wire = argv[i + 1];
+      if (wire == "fp16")
+        compression = ronde::Compression::FP16;
+      else if (wire == "bf16")
+        compression = ronde::Compression::BF16;
+      else if (wire != "none") {
+        std::fprintf(
+            stderr, "zero_bench: unknown compression '%s'\n", wire.c_str());
+        return 2;
+      }
+    } else if (k == "--stage")
       stage = v;
     else if (k == "--layers")
       layers = v;
@@ -60,7 +74,8 @@ int main(int argc, char** argv) {
       net->named_parameters(),
       ronde::DistributedOptimizerOptions()
           .shard_optimizer_state(stage >= 1)
-          .shard_gradients(stage >= 2));
+          .shard_gradients(stage >= 2)
+          .compression(compression));
   torch::Tensor x = torch::randn({batch, width});
   std::vector<double> times;
   for (int s = 0; s <= steps; ++s) {
@@ -86,10 +101,12 @@ int main(int argc, char** argv) {
       figures, ronde::AllreduceOptions().op(ronde::ReduceOp::Max));
   if (ronde::rank() == 0) {
     std::printf(
-        "{\"stage\": %d, \"np\": %d, \"params\": %lld, "
+        "{\"stage\": %d, \"compression\": \"%s\", \"np\": %d, "
+        "\"params\": %lld, "
         "\"state_bytes_per_rank\": %.0f, \"peak_rss_mb\": %.1f, "
         "\"step_s\": %.4f}\n",
         stage,
+        wire.c_str(),
         ronde::size(),
         static_cast<long long>(params),
         figures[0].item<double>(),
