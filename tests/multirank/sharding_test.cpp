@@ -2,7 +2,7 @@
 // every element-wise optimizer and the variants (two param groups,
 // gradient accumulation, an unused parameter, global-norm clipping, AMP
 // with an overflow, a warmup schedule, stage 2, stage 2 with a layer used
-// on alternate ranks and with fp16 wires) equal the unsharded
+// on alternate ranks, either stage with fp16 wires) equal the unsharded
 // optimizer bit for bit over shared memory at 2, 3 and 4 ranks, and within
 // rounding over Gloo; checkpoints move between sharded and unsharded jobs
 // and from 4 ranks to 2.
@@ -58,6 +58,7 @@ INSTANTIATE_TEST_SUITE_P(
             "stage2",
             "zerocopy",
             "stage2_partial",
+            "stage1_fp16",
             "stage2_fp16")),
     case_name);
 

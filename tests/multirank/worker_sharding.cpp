@@ -73,7 +73,8 @@ bool agree(Replica& a, Replica& b) {
 // its size: the reduce-scatter reads every rank's where it lies) |
 // stage2_partial (the extra layer used on every other rank in turn: stage
 // 2's kept staging buffers must not carry an earlier step's gradient into
-// it) | stage2_fp16 (stage 2, fp16 wires on both replicas).
+// it) | stage1_fp16, stage2_fp16 (fp16 wires on both replicas: kept wire
+// buffers must carry each step's gradients).
 int scenario_zero(const std::string& optimizer, const std::string& variant) {
   const bool stage2 = variant.rfind("stage2", 0) == 0;
   const bool partial = variant == "stage2_partial";
@@ -84,7 +85,7 @@ int scenario_zero(const std::string& optimizer, const std::string& variant) {
   const bool unused = variant == "unused";
   const int64_t k = variant == "bpps2" ? 2 : 1;
   auto o = small_buckets().backward_passes_per_step(k);
-  if (variant == "stage2_fp16")
+  if (variant == "stage1_fp16" || variant == "stage2_fp16")
     o.compression(ronde::Compression::FP16);
   Replica plain = make_replica(optimizer, variant == "groups", !unused, o);
   Replica shard = make_replica(

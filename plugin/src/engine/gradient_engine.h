@@ -149,12 +149,14 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     at::Tensor wire;  // sharded: the 16-bit copy sent when compressing
     at::Tensor owned;  // sharded: this rank's averaged range, once waited
     // Sharded, on the host: the reduce-scatter's output, kept between
-    // steps (a fresh one of tens of MB is faulted in page by page).
+    // steps (a fresh one of tens of MB is faulted in page by page), and
+    // with a 16-bit wire the wire's output it is converted from.
     at::Tensor kept_owned;
+    at::Tensor kept_wire_owned;
   };
-  // Stage 2 on the host: the buffers its buckets (and their 16-bit wires)
-  // are packed into, kept between steps; one is free again once the
-  // reduce-scatter reading it is done (sharded_step.cpp).
+  // Sharded, on the host: the buffers stage 2 packs its buckets into, and
+  // the 16-bit wires of either stage, kept between steps; one is free
+  // again once the reduce-scatter reading it is done (sharded_step.cpp).
   struct Staging {
     at::Tensor buffer;
     Handle reader;      // the collective reading it, if any
@@ -209,8 +211,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   // type that nothing reads (the smallest that fits), else a new one;
   // held until released. Its index.
   size_t take_staging_locked(int64_t numel, const at::TensorOptions& options);
-  // The reduce-scatter's output for bucket `bi` on the host (kept_owned),
-  // or none (a new tensor) on a device or a 16-bit wire.
+  // The reduce-scatter's output for bucket `bi` on the host (kept_owned,
+  // or kept_wire_owned for a 16-bit wire), or none (a new tensor) on a
+  // device.
   at::Tensor owned_into_locked(size_t bi, const at::Tensor& target);
   void wait_all_sharded();
   void unpack_sharded();

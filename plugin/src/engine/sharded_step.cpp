@@ -75,8 +75,8 @@ std::vector<at::Tensor> GradientEngine::parameters() const {
 
 // Stage 1 packs into the bucket's own buffer; stage 2 into a buffer that
 // lives until the reduce-scatter is done, and lets each .grad go. On the
-// host that buffer, the 16-bit wire and the output are kept between steps
-// (take_staging_locked, owned_into_locked).
+// host that buffer, the 16-bit wire (at either stage) and the output are
+// kept between steps (take_staging_locked, owned_into_locked).
 void GradientEngine::launch_sharded(size_t bi) {
   const LayoutBucket& b = layout_.buckets[bi];
   BucketState& state = bucket_state_[bi];
@@ -130,10 +130,11 @@ void GradientEngine::launch_sharded(size_t bi) {
   std::optional<size_t> sent = packed;  // the staging buffer the call reads
   if (compressible(flat, options_.compression())) {
     const auto wire_opts = opts.dtype(wire_dtype(options_.compression()));
-    if (packed) {
+    if (host) {
       sent = take_staging_locked(b.numel, wire_opts);
       state.wire = staging_[*sent].buffer.narrow(0, 0, b.numel).copy_(flat);
-      staging_[*packed].held = false;  // read: free at once
+      if (packed)
+        staging_[*packed].held = false;  // read: free at once
     } else {
       state.wire = flat.to(wire_opts.dtype());
     }
@@ -189,14 +190,23 @@ at::Tensor GradientEngine::owned_into_locked(
   const ProcessSet& set = options_.process_set();
   const auto [lo, hi] = owned_range(b.numel, set.rank(), set.size());
   const at::Tensor& first = layout_.slots[b.slots.front()].param;
-  at::Tensor& kept = bucket_state_[bi].kept_owned;
   if (!first.device().is_cpu())
     return at::Tensor();
-  if (!kept.defined() || kept.numel() != hi - lo ||
-      kept.scalar_type() != first.scalar_type())
-    kept = at::empty({hi - lo}, first.options().requires_grad(false));
-  // A 16-bit wire's output comes new and is converted into `kept` after.
-  return target.scalar_type() == kept.scalar_type() ? kept : at::Tensor();
+  auto keep = [&](at::Tensor& kept, const at::TensorOptions& options) {
+    if (!kept.defined() || kept.numel() != hi - lo ||
+        kept.scalar_type() != options.dtype())
+      kept = at::empty({hi - lo}, options);
+    return kept;
+  };
+  BucketState& state = bucket_state_[bi];
+  const auto opts = first.options().requires_grad(false);
+  keep(state.kept_owned, opts);
+  // A 16-bit wire's output has a kept buffer of its own, converted into
+  // kept_owned once waited.
+  if (target.scalar_type() != first.scalar_type())
+    return keep(state.kept_wire_owned, opts.dtype(target.scalar_type()));
+  state.kept_wire_owned = at::Tensor();
+  return state.kept_owned;
 }
 
 // Whether each parameter was used on some rank, for the pieces this rank
