@@ -3,6 +3,7 @@ the baseline for ronde's DistributedOptimizer. --backend ronde runs the
 same DDP on ronde's torch.distributed backend; --zero wraps the SGD in
 torch's ZeroRedundancyOptimizer. Launched by ronderun (reads RONDE_* variables) or torchrun."""
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -186,6 +187,11 @@ def main():
                            "samples_per_s": size * batch / step,
                            "main_cpu_s": main_cpu, "other_cpu_s": other_cpu,
                            "steps": a.steps}, f)
+    # As in torch_zero_bench.py: DDP's reducer must not hold the last
+    # reference to the process group, or the group is destroyed at exit
+    # with the GIL held, where torch's gloo can hang.
+    del opt, ddp, model
+    gc.collect()
     dist.destroy_process_group()
 
 
