@@ -8,6 +8,9 @@ median step time, and what ZeRO's model predicts for the memory.
 
     .venv/bin/python benchmarks/run_zero.py --rounds 1 --nps 2,4 --torch
 
+--compression fp16|bf16 gives ronde's stages a 16-bit wire (PyTorch's
+side has none here, so not with --torch).
+
 Prints a table and writes benchmarks/results/zero-<date>.json.
 """
 import argparse
@@ -31,8 +34,13 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--torch", action="store_true",
                    help="also PyTorch's DDP and ZeroRedundancyOptimizer")
+    p.add_argument("--compression", choices=["none", "fp16", "bf16"],
+                   default="none", help="ronde's wire (zero_bench)")
     p.add_argument("--out")
     a = p.parse_args()
+    if a.torch and a.compression != "none":
+        p.error("--compression: torch_zero_bench.py sends no 16-bit wire, "
+                "so the side by side would not be like for like")
     bin_dir = os.path.join(a.build, "bin")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -60,7 +68,8 @@ def main():
                 cmd = [os.path.join(bin_dir, "ronderun"), "-np", str(np_),
                        "--", os.path.join(bin_dir, "zero_bench"),
                        "--stage", str(stage), "--width", str(a.width),
-                       "--layers", str(a.layers), "--steps", str(a.steps)]
+                       "--layers", str(a.layers), "--steps", str(a.steps),
+                       "--compression", a.compression]
                 out = subprocess.run(cmd, env=env, capture_output=True,
                                      text=True, timeout=900)
                 line = [ln for ln in out.stdout.splitlines()
@@ -93,7 +102,8 @@ def main():
         f"zero-{datetime.date.today().isoformat()}.json")
     with open(out, "w") as f:
         json.dump({"command": "benchmarks/run_zero.py", "width": a.width,
-                   "layers": a.layers, "rows": rows}, f, indent=1)
+                   "layers": a.layers, "compression": a.compression,
+                   "rows": rows}, f, indent=1)
     print("wrote", out)
 
 
