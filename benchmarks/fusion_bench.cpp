@@ -322,18 +322,6 @@ int main(int argc, char** argv) {
       return best;
     };
     const size_t best = pick_best(-1);
-    // Picked from the passes it is judged on, the best is the lowest of
-    // several noisy medians, which flatters it. Held out: the best of the
-    // even passes judged on the odd ones and the other way round, the
-    // mean of the two. It needs a pass in each half.
-    const bool halves = passes >= 2;
-    const size_t best_even = halves ? pick_best(0) : best;
-    const size_t best_odd = halves ? pick_best(1) : best;
-    const double held_out = halves
-        ? (median(ratios(default_m, best_even, 1)) +
-           median(ratios(default_m, best_odd, 0))) /
-            2
-        : 0.0;
     const size_t floor_m = index("backward_only"), per_m = index("per_tensor");
     const double floor = median(steps_of(floor_m));
     const double per_tensor = median(steps_of(per_m));
@@ -389,7 +377,15 @@ int main(int argc, char** argv) {
       js << ",\"default_mb\":" << default_mb << ",\"best_mode\":\""
          << modes[best].name << "\",\"default_vs_best\":" << median(r)
          << ",\"default_vs_best_interval\":[" << lo << "," << hi << "]";
-      if (halves) {
+      // Picked from the passes it is judged on, the best is the lowest of
+      // several noisy medians, which flatters it. Held out: the best of the
+      // even passes judged on the odd ones and the other way round, the
+      // mean of the two. It needs a pass in each half.
+      if (passes >= 2) {
+        const size_t best_even = pick_best(0), best_odd = pick_best(1);
+        const double held_out = (median(ratios(default_m, best_even, 1)) +
+                                 median(ratios(default_m, best_odd, 0))) /
+            2;
         std::printf(
             "# held out (best picked on the other half of the passes): "
             "%.3fx (%s on the even passes, %s on the odd)\n",
