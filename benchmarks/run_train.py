@@ -3,7 +3,8 @@ local2 (two independent processes at once: the fair baseline when two ranks
 share two cores), ronde (DistributedOptimizer, 2 ranks, shared memory on
 one host), ronde-gloo (the same over Gloo, RONDE_SHM=0) and PyTorch DDP
 (gloo, 2 ranks), all alternating over several rounds; --bucket-mb,
---no-arena, --autotune, --pin and --variant add ronde modes. Every mode
+--no-arena, --autotune, --pin, --shard and --variant add ronde modes
+(--shard also DDP with torch's ZeroRedundancyOptimizer, its peer). Every mode
 also gives its CPU time per step by thread (benchmarks/README.md).
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
@@ -53,6 +54,11 @@ def main():
     p.add_argument("--pin", action="store_true",
                    help="add ronde-pinned: the default mode with each rank "
                         "bound to one core (taskset -c <local rank>)")
+    p.add_argument("--shard", default="",
+                   help="ZeRO stages (comma-separated: 1, 2) each measured as "
+                        "ronde-zero<stage> (train_bench --shard), and then "
+                        "ddp-zero too: DDP with torch's "
+                        "ZeroRedundancyOptimizer; empty: none")
     p.add_argument("--variant", action="append", default=[],
                    metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                    help="add ronde-NAME: the default ronde mode with these "
@@ -133,10 +139,16 @@ def main():
                     kv.split("=", 1) for kv in assignments.split(",") if kv))
             if a.pin:
                 variants["ronde-pinned"] = ([], {})
+            stages = [x for x in a.shard.split(",") if x]
+            for st in stages:
+                if st not in ("1", "2"):
+                    raise SystemExit(f"--shard {st}: stages are 1 and 2")
+                variants[f"ronde-zero{st}"] = (["--shard", st], {})
             variants["ronde-gloo"] = ([], {"RONDE_SHM": "0"})
             for c in wires:
                 variants[f"ronde_{c}"] = (["--compression", c], {})
-            impls = ["local", "local2"] + list(variants) + ["ddp"]
+            peers = ["ddp"] + (["ddp-zero"] if stages else [])
+            impls = ["local", "local2"] + list(variants) + peers
             runs = {impl: [] for impl in impls}
             for r in range(a.rounds):
                 for impl in impls:
@@ -146,10 +158,11 @@ def main():
                                               f"{wl}-local-{r}"))
                     elif impl == "local2":
                         runs[impl].append(run_local2(r))
-                    elif impl == "ddp":
+                    elif impl in peers:
+                        zero = ["--zero"] if impl == "ddp-zero" else []
                         runs[impl].append(run(
-                            [ronderun, "-np", str(a.np), "--"] + ddp + common,
-                            f"{wl}-ddp-{r}"))
+                            [ronderun, "-np", str(a.np), "--"] + ddp + zero +
+                            common, f"{wl}-{impl}-{r}"))
                     else:
                         args, extra = variants[impl]
                         cmd = [bench, "--mode", "ronde"] + args + common
@@ -173,13 +186,13 @@ def main():
             # CPU time per step (train_bench's own clocks, the mean over the
             # ranks): the training thread's and every other thread's (the
             # communication thread).
-            for impl in ["local", "local2", "ddp"] + [m for m in variants]:
+            for impl in ["local", "local2"] + peers + [m for m in variants]:
                 key = impl.replace("-", "_")
                 for what in ("main_cpu_s", "other_cpu_s"):
                     per_round = [x[what] for x in runs[impl]]
                     row[f"{key}_{what}"] = statistics.median(per_round)
                     row[f"{key}_{what}_per_round"] = per_round
-            modes = [m for m in variants if not m.startswith("ronde_")] + ["ddp"]
+            modes = [m for m in variants if not m.startswith("ronde_")] + peers
             ddp_step = statistics.median(x["step_s"] for x in runs["ddp"])
             for impl in modes:
                 key = impl.replace("-", "_")
@@ -192,11 +205,19 @@ def main():
                 row[f"{key}_eff_local"] = local_step / row[f"{key}_step_s"]
                 row[f"{key}_eff_local2"] = local2_step / row[f"{key}_step_s"]
                 row[f"{key}_samples_s"] = a.np * batch / row[f"{key}_step_s"]
-                if impl != "ddp":
+                if impl not in peers:
                     per_round = [x["step_s"] / d["step_s"]
                                  for x, d in zip(runs[impl], runs["ddp"])]
                     row[f"{key}_over_ddp"] = row[f"{key}_step_s"] / ddp_step
                     row[f"{key}_over_ddp_per_round"] = per_round
+                    if impl.startswith("ronde-zero"):
+                        # Against the sharded peer as well.
+                        zero = [x["step_s"] / d["step_s"] for x, d in
+                                zip(runs[impl], runs["ddp-zero"])]
+                        row[f"{key}_over_ddp_zero"] = (
+                            row[f"{key}_step_s"] / statistics.median(
+                                x["step_s"] for x in runs["ddp-zero"]))
+                        row[f"{key}_over_ddp_zero_per_round"] = zero
                     row[f"{key}_wait_s"] = statistics.median(
                         x["wait_s"] for x in runs[impl])
                     row[f"{key}_bucket_mb"] = [x.get("bucket_mb") for x in runs[impl]]
@@ -231,7 +252,7 @@ def main():
                     f"{row[key + '_step_s'] * 1e3:>8.1f} "
                     f"{row[key + '_samples_s']:>9.1f} {row[key + '_eff_local']:>9.0%} "
                     f"{row[key + '_eff_local2']:>10.0%}")
-            if key != "ddp":
+            if not key.startswith("ddp"):
                 rr = row[key + "_over_ddp_per_round"]
                 sizes = sorted({x for x in row[key + "_bucket_mb"] if x})
                 line += (f" {row[key + '_over_ddp']:>6.3f} "
@@ -242,6 +263,12 @@ def main():
             else:
                 line += cpu(key, 46)
             print(line)
+        for key in row["modes"]:
+            if key + "_over_ddp_zero" in row:
+                rr = row[key + "_over_ddp_zero_per_round"]
+                print(f"{row['workload']:>8} {key.replace('_', '-')} / ddp-zero: "
+                      f"{row[key + '_over_ddp_zero']:.3f} "
+                      f"(per round {min(rr):.3f}..{max(rr):.3f})")
         for c, info in row["compression"].items():
             ratios = info["step_over_uncompressed"]
             print(f"{row['workload']:>8} ronde {c} on the wire: "

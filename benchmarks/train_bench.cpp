@@ -4,7 +4,9 @@
 // PyTorch's DistributedDataParallel (ddp_train_bench.py, the same models).
 //   train_bench --workload mlp|cnn --mode local|ronde [--steps N] [--json F]
 //               [--device cpu|cuda] [--batch N] [--windows N] [--sync-bn]
-//               [--autotune]
+//               [--autotune] [--shard 0|1|2]
+// --shard 1 shards the optimizer state over the ranks (ZeRO stage 1), 2 the
+// gradients as well (stage 2); ronde mode only.
 // --autotune turns the bucket-size search on and warms up until it has
 // chosen (at most 400 steps); the JSON gives the sizes the steps ran with.
 // On CUDA a step's time is a window of `steps` steps between two device
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
   // cnn: ronde's SyncBatchNorm in place of BatchNorm2d.
   bool sync_bn = false;
   bool autotune = false;
+  int shard = 0;  // ZeRO stage: 0 (none), 1 or 2
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] {
@@ -161,6 +164,8 @@ int main(int argc, char** argv) {
       sync_bn = true;
     else if (a == "--autotune")
       autotune = true;
+    else if (a == "--shard")
+      shard = std::stoi(next());
     else {
       std::cerr << "usage: train_bench --workload mlp|cnn --mode local|ronde "
                    "[--steps N] [--warmup N] "
@@ -180,6 +185,9 @@ int main(int argc, char** argv) {
   TORCH_CHECK(
       device_name == "cpu" || torch::cuda::is_available(),
       "--device cuda, but no CUDA device is available");
+  TORCH_CHECK(shard >= 0 && shard <= 2, "--shard must be 0, 1 or 2");
+  TORCH_CHECK(
+      shard == 0 || mode == "ronde", "--shard needs --mode ronde");
   TORCH_CHECK(windows >= 1 && steps >= 1, "--steps and --windows must be >= 1");
   // powersgdR: PowerSGD at rank R, compressing from the third step (as
   // DDP's hook, which cannot start earlier), so after the default warmup.
@@ -246,7 +254,9 @@ int main(int argc, char** argv) {
                                                .rank(powersgd_rank)
                                                .start_iter(2))
                     : nullptr)
-            .autotune(autotune));
+            .autotune(autotune)
+            .shard_optimizer_state(shard >= 1)
+            .shard_gradients(shard >= 2));
     opt = dopt.get();
   }
   std::vector<double> samples, waits;
@@ -361,7 +371,8 @@ int main(int argc, char** argv) {
           << ",\"other_cpu_s\":" << other_cpu
           << ",\"samples_per_s\":" << world * batch / step
           << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
-          << ",\"sync_bn\":" << (sync_bn ? "true" : "false");
+          << ",\"sync_bn\":" << (sync_bn ? "true" : "false")
+          << ",\"shard\":" << shard;
       if (dopt) {
         const ronde::BucketSizing b = dopt->bucket_sizing();
         json << ",\"bucket_mb\":" << b.fusion_threshold_mb
