@@ -59,7 +59,9 @@ INSTANTIATE_TEST_SUITE_P(
             "zerocopy",
             "stage2_partial",
             "stage1_fp16",
-            "stage2_fp16")),
+            "stage2_fp16",
+            "per_param",
+            "stage2_per_param")),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(
@@ -73,6 +75,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Sharding, OverGlooWithinRounding) {
   auto spec = worker_spec({"zero", "adam", "clip"}, 3);
+  spec.env["RONDE_SHM"] = "0";
+  JobResult r = run_job(spec);
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
+// A bucket per parameter over Gloo: the gathers straight into the
+// parameters go through Gloo's allgather with the input inside the output.
+TEST(Sharding, PerParameterBucketsOverGlooWithinRounding) {
+  auto spec = worker_spec({"zero", "sgd", "stage2_per_param"}, 2);
   spec.env["RONDE_SHM"] = "0";
   JobResult r = run_job(spec);
   EXPECT_TRUE(r.all_succeeded()) << r.dump();

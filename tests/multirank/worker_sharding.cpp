@@ -74,7 +74,9 @@ bool agree(Replica& a, Replica& b) {
 // stage2_partial (the extra layer used on every other rank in turn: stage
 // 2's kept staging buffers must not carry an earlier step's gradient into
 // it) | stage1_fp16, stage2_fp16 (fp16 wires on both replicas: kept wire
-// buffers must carry each step's gradients).
+// buffers must carry each step's gradients) | per_param, stage2_per_param
+// (a bucket per parameter: an unpadded one is gathered straight into its
+// parameter, the others through the gather buffers).
 int scenario_zero(const std::string& optimizer, const std::string& variant) {
   const bool stage2 = variant.rfind("stage2", 0) == 0;
   const bool partial = variant == "stage2_partial";
@@ -85,6 +87,8 @@ int scenario_zero(const std::string& optimizer, const std::string& variant) {
   const bool unused = variant == "unused";
   const int64_t k = variant == "bpps2" ? 2 : 1;
   auto o = small_buckets().backward_passes_per_step(k);
+  if (variant == "per_param" || variant == "stage2_per_param")
+    o.fusion_threshold_mb(0.0001).first_bucket_mb(0.0001);
   if (variant == "stage1_fp16" || variant == "stage2_fp16")
     o.compression(ronde::Compression::FP16);
   Replica plain = make_replica(optimizer, variant == "groups", !unused, o);

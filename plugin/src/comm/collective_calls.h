@@ -29,12 +29,16 @@ Handle broadcast_call(
 // output tensors): the result is `into`'s first elements, shaped as the
 // collective's, when `into` is contiguous, large enough and of the input's
 // type and device (for a reduce-scatter, apart from the input too); a new
-// tensor otherwise. Handle::result() returns it either way.
+// tensor otherwise. Handle::result() returns it either way. With `whole`
+// (the sharded engine gathering into a parameter): only when `into` holds
+// exactly the result; else it is left untouched. The input may be this
+// rank's own block of `into`.
 Handle allgather_call(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
     bool blocking,
-    const at::Tensor& into = at::Tensor());
+    const at::Tensor& into = at::Tensor(),
+    bool whole = false);
 // With `into`: what comes is written there, as above, when the rows
 // received from each rank equal `expect` (else a new tensor, so that the
 // caller can report the mismatch with its output untouched).

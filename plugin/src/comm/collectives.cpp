@@ -196,13 +196,15 @@ Handle broadcast_impl(
 }
 
 // `exact`: `into` is the caller's `out` (allgather_into), which must be
-// the result's exact shape; else a buffer used when it fits.
+// the result's exact shape; else a buffer used when it fits (with `whole`,
+// only when it holds exactly the result, else left untouched).
 Handle allgather_impl(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
     bool blocking,
     const at::Tensor& into = at::Tensor(),
-    bool exact = false) {
+    bool exact = false,
+    bool whole = false) {
   Group& group = group_of(options.process_set(), "allgather");
   std::string error = check_dtype(tensor);
   if (error.empty() && tensor.defined() && tensor.dim() == 0) {
@@ -225,12 +227,12 @@ Handle allgather_impl(
     call.payload = in;
   return submit(
       std::move(call),
-      [in, into, exact](
+      [in, into, exact, whole](
           Communicator& comm,
           HandleState& state,
           const Exchanged& ex,
           const Call& c) {
-        state.result = allgather_work(comm, ex, c, in, into, exact);
+        state.result = allgather_work(comm, ex, c, in, into, exact || whole);
         if (exact)
           expect_out(c, state.result, into);
       },
@@ -405,8 +407,9 @@ Handle allgather_call(
     const at::Tensor& tensor,
     const CollectiveOptions& options,
     bool blocking,
-    const at::Tensor& into) {
-  return allgather_impl(tensor, options, blocking, into);
+    const at::Tensor& into,
+    bool whole) {
+  return allgather_impl(tensor, options, blocking, into, false, whole);
 }
 
 Handle alltoall_call(

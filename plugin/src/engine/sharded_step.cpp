@@ -300,10 +300,14 @@ void GradientEngine::gather_parameters() {
     std::vector<at::Tensor> dst, src;
     for (size_t slot : b.slots) {
       const LayoutSlot& s = layout_.slots[slot];
+      at::Tensor from = segment_view(all, s.offset, s.param.sizes());
+      if (from.data_ptr() == s.param.data_ptr())
+        continue;  // gathered straight into the parameter
       dst.push_back(s.param.detach());
-      src.push_back(segment_view(all, s.offset, s.param.sizes()));
+      src.push_back(std::move(from));
     }
-    batched_copy(dst, src);
+    if (!dst.empty())
+      batched_copy(dst, src);
   };
   size_t k = 0;
   for (size_t bi = 0; bi < layout_.buckets.size(); ++bi) {
@@ -311,24 +315,38 @@ void GradientEngine::gather_parameters() {
     const auto [lo, hi] = owned_range(b.numel, set.rank(), set.size());
     const at::Tensor& first = layout_.slots[b.slots.front()].param;
     const auto opts = first.options().requires_grad(false);
-    // This rank's range: the reduce-scatter's output, whose gradients the
-    // update has consumed, else a new one.
-    at::Tensor mine = bucket_state_[bi].owned;
-    if (!mine.defined() || mine.numel() != hi - lo ||
-        mine.scalar_type() != first.scalar_type())
-      mine = at::zeros({hi - lo}, opts);
-    for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
-      mine.narrow(0, pieces_[k].bucket_offset - lo, pieces_[k].numel)
-          .copy_(shards_[k].detach());
+    at::Tensor mine, out;
+    if (b.slots.size() == 1 && first.numel() == b.numel &&
+        first.is_contiguous()) {
+      // A bucket that is one parameter, unpadded (a large one has a bucket
+      // of its own): the parameter is the gather's output, and this rank's
+      // range of it, which the update wrote, its input (its own block,
+      // which the backends leave where it is). No copy in or out.
+      out = first.detach().view({-1});
+      mine = out.narrow(0, lo, hi - lo);
+      for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
+      }
+    } else {
+      // This rank's range: the reduce-scatter's output, whose gradients
+      // the update has consumed, else a new one.
+      mine = bucket_state_[bi].owned;
+      if (!mine.defined() || mine.numel() != hi - lo ||
+          mine.scalar_type() != first.scalar_type())
+        mine = at::zeros({hi - lo}, opts);
+      for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
+        mine.narrow(0, pieces_[k].bucket_offset - lo, pieces_[k].numel)
+            .copy_(shards_[k].detach());
+      }
+      // Two gather buffers, kept between steps, serve every other bucket
+      // in turn: only the buckets in flight hold full-size memory, and no
+      // fresh pages are faulted in each step.
+      at::Tensor& pool = gather_pool_[bi % 2];
+      if (!pool.defined() || pool.numel() < b.numel ||
+          pool.scalar_type() != first.scalar_type() ||
+          pool.device() != first.device())
+        pool = at::empty({b.numel}, opts);
+      out = pool;
     }
-    // Two gather buffers, kept between steps, serve every bucket in turn:
-    // only the buckets in flight hold full-size memory, and no fresh pages
-    // are faulted in each step.
-    at::Tensor& pool = gather_pool_[bi % 2];
-    if (!pool.defined() || pool.numel() < b.numel ||
-        pool.scalar_type() != first.scalar_type() ||
-        pool.device() != first.device())
-      pool = at::empty({b.numel}, opts);
     handles[bi] = allgather_call(
         mine.view({(hi - lo) / kShardAlign, kShardAlign}),
         CollectiveOptions()
@@ -336,7 +354,8 @@ void GradientEngine::gather_parameters() {
             .process_set(set)
             .verify(!gather_verified_ || bi == 0),
         /*blocking=*/false,
-        pool);
+        out,
+        /*whole=*/out.data_ptr() == first.data_ptr());
     // One bucket in flight while the last one is copied out: at most two
     // gathered buckets exist at once.
     if (bi > 0)
