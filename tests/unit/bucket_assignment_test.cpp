@@ -27,6 +27,20 @@ TEST(BucketAssignment, LargeTensorGetsItsOwnBucket) {
   EXPECT_EQ(b, (Buckets{{0, 1}, {2, 3}}));
 }
 
+// Sharded layouts: a tensor of at least `alone` bytes is a bucket's only
+// member, the bucket open before it closed early; smaller ones as before.
+TEST(BucketAssignment, AloneFromGivesLargeTensorsABucketEach) {
+  std::vector<size_t> bytes = {10, 1000, 10, 10, 300, 400, 10};
+  std::vector<std::string> keys(7, "f32");
+  Buckets b = assign_buckets(bytes, keys, 100, 100, 300);
+  EXPECT_EQ(b, (Buckets{{0}, {1}, {2, 3}, {4}, {5}, {6}}));
+  // Per key: a large f16 tensor does not close the open f32 bucket.
+  std::vector<std::string> mixed = {"f32", "f16", "f32"};
+  EXPECT_EQ(
+      assign_buckets({10, 1000, 10}, mixed, 100, 100, 300),
+      (Buckets{{0, 2}, {1}}));
+}
+
 TEST(BucketAssignment, KeysNeverShareABucket) {
   std::vector<size_t> bytes = {10, 10, 10, 10};
   std::vector<std::string> keys = {"f32", "f16", "f32", "f16"};

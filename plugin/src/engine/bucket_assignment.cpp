@@ -13,7 +13,8 @@ std::vector<std::vector<size_t>> assign_buckets(
     const std::vector<size_t>& bytes,
     const std::vector<std::string>& keys,
     size_t first_cap,
-    size_t cap) {
+    size_t cap,
+    size_t alone) {
   TORCH_CHECK(
       bytes.size() == keys.size(),
       "assign_buckets: bytes and keys differ in length");
@@ -26,9 +27,16 @@ std::vector<std::vector<size_t>> assign_buckets(
   std::vector<std::vector<size_t>> done;
   for (size_t i = 0; i < bytes.size(); ++i) {
     Open& b = open[keys[i]];
+    if (bytes[i] >= alone && !b.members.empty()) {
+      // Closed before it, so that it is the next bucket's only member.
+      done.push_back(std::move(b.members));
+      b.members.clear();
+      b.size = 0;
+      b.first = false;
+    }
     b.members.push_back(i);
     b.size += bytes[i];
-    if (b.size >= (b.first ? first_cap : cap)) {
+    if (b.size >= (b.first ? first_cap : cap) || bytes[i] >= alone) {
       done.push_back(std::move(b.members));
       b.members.clear();
       b.size = 0;

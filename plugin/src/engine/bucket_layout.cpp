@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 namespace ronde::detail {
 namespace {
 
@@ -75,7 +77,12 @@ BucketLayout make_layout(
     bytes.push_back(params[i].numel() * params[i].element_size());
     keys.push_back(dtype_device_key(params[i]));
   }
-  for (auto& members : assign_buckets(bytes, keys, first_cap, cap)) {
+  // Sharded (aligned) layouts give a parameter of a bucket's size or more a
+  // bucket of its own, so that the all-gather writes straight into it
+  // (docs/sharding.md, "The all-gather").
+  const size_t alone =
+      align > 1 ? cap : std::numeric_limits<size_t>::max();
+  for (auto& members : assign_buckets(bytes, keys, first_cap, cap, alone)) {
     LayoutBucket b;
     int64_t numel = 0;
     for (size_t pos = 0; pos < members.size(); ++pos) {
