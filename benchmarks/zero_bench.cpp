@@ -1,7 +1,9 @@
 // One rank of the sharding benchmark (run_zero.py starts it under
 // ronderun): an MLP of `layers` square Linear layers of `width` (each
 // weight width^2 elements: 25M at width 5000), Adam, ZeRO stage 0, 1 or 2,
-// with `--compression fp16|bf16` a 16-bit wire.
+// with `--compression fp16|bf16` a 16-bit wire; `--bias 0` leaves the
+// layers' biases out (each weight then a bucket of its own, as the bias-free
+// layers of many transformers).
 // Rank 0 prints one JSON line: the optimizer-state bytes per rank (the
 // largest), peak resident memory per rank (the largest, VmHWM), and the
 // median step time after a warm-up step.
@@ -33,7 +35,7 @@ double peak_rss_mb() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int stage = 0, layers = 4, steps = 4, batch = 8;
+  int stage = 0, layers = 4, steps = 4, batch = 8, bias = 1;
   int64_t width = 5000;
   ronde::Compression compression = ronde::Compression::None;
   std::string wire = "none";
@@ -61,12 +63,15 @@ int main(int argc, char** argv) {
       steps = v;
     else if (k == "--batch")
       batch = v;
+    else if (k == "--bias")
+      bias = v;
   }
   ronde::init();
   torch::manual_seed(1);
   torch::nn::Sequential net;
   for (int l = 0; l < layers; ++l)
-    net->push_back(torch::nn::Linear(width, width));
+    net->push_back(
+        torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(bias != 0)));
   auto base = std::make_shared<torch::optim::Adam>(
       net->parameters(), torch::optim::AdamOptions(1e-4));
   ronde::DistributedOptimizer opt(
@@ -102,12 +107,13 @@ int main(int argc, char** argv) {
   if (ronde::rank() == 0) {
     std::printf(
         "{\"stage\": %d, \"compression\": \"%s\", \"np\": %d, "
-        "\"params\": %lld, "
+        "\"bias\": %s, \"params\": %lld, "
         "\"state_bytes_per_rank\": %.0f, \"peak_rss_mb\": %.1f, "
         "\"step_s\": %.4f}\n",
         stage,
         wire.c_str(),
         ronde::size(),
+        bias != 0 ? "true" : "false",
         static_cast<long long>(params),
         figures[0].item<double>(),
         figures[1].item<double>(),
