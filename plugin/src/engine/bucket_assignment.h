@@ -15,8 +15,9 @@ namespace ronde::detail {
 // bucket is closed once it holds at least its cap: `first_cap` for the first
 // bucket of each key (small, so communication starts early), `cap` after.
 // A parameter of at least `alone` bytes gets a bucket of its own (the one
-// open before it closes early). Returns buckets of parameter indices, ordered by their first index: the
-// order in which every rank launches them.
+// open before it closes early). Returns buckets of parameter indices,
+// ordered by their first index: the order in which every rank launches
+// them.
 std::vector<std::vector<size_t>> assign_buckets(
     const std::vector<size_t>& bytes,
     const std::vector<std::string>& keys,

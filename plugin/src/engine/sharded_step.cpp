@@ -316,16 +316,17 @@ void GradientEngine::gather_parameters() {
     const at::Tensor& first = layout_.slots[b.slots.front()].param;
     const auto opts = first.options().requires_grad(false);
     at::Tensor mine, out;
-    if (b.slots.size() == 1 && first.numel() == b.numel &&
-        first.is_contiguous()) {
+    const bool direct = b.slots.size() == 1 && first.numel() == b.numel &&
+        first.is_contiguous();
+    if (direct) {
       // A bucket that is one parameter, unpadded (a large one has a bucket
       // of its own): the parameter is the gather's output, and this rank's
       // range of it, which the update wrote, its input (its own block,
       // which the backends leave where it is). No copy in or out.
       out = first.detach().view({-1});
       mine = out.narrow(0, lo, hi - lo);
-      for (; k < pieces_.size() && pieces_[k].bucket == bi; ++k) {
-      }
+      while (k < pieces_.size() && pieces_[k].bucket == bi)
+        ++k;
     } else {
       // This rank's range: the reduce-scatter's output, whose gradients
       // the update has consumed, else a new one.
@@ -355,7 +356,7 @@ void GradientEngine::gather_parameters() {
             .verify(!gather_verified_ || bi == 0),
         /*blocking=*/false,
         out,
-        /*whole=*/out.data_ptr() == first.data_ptr());
+        /*whole=*/direct);
     // One bucket in flight while the last one is copied out: at most two
     // gathered buckets exist at once.
     if (bi > 0)
