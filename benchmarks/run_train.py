@@ -193,7 +193,6 @@ def main():
                     row[f"{key}_{what}"] = statistics.median(per_round)
                     row[f"{key}_{what}_per_round"] = per_round
             modes = [m for m in variants if not m.startswith("ronde_")] + peers
-            ddp_step = statistics.median(x["step_s"] for x in runs["ddp"])
             for impl in modes:
                 key = impl.replace("-", "_")
                 steps = [x["step_s"] for x in runs[impl]]
@@ -206,18 +205,17 @@ def main():
                 row[f"{key}_eff_local2"] = local2_step / row[f"{key}_step_s"]
                 row[f"{key}_samples_s"] = a.np * batch / row[f"{key}_step_s"]
                 if impl not in peers:
-                    per_round = [x["step_s"] / d["step_s"]
-                                 for x, d in zip(runs[impl], runs["ddp"])]
-                    row[f"{key}_over_ddp"] = row[f"{key}_step_s"] / ddp_step
-                    row[f"{key}_over_ddp_per_round"] = per_round
-                    if impl.startswith("ronde-zero"):
-                        # Against the sharded peer as well.
-                        zero = [x["step_s"] / d["step_s"] for x, d in
-                                zip(runs[impl], runs["ddp-zero"])]
-                        row[f"{key}_over_ddp_zero"] = (
-                            row[f"{key}_step_s"] / statistics.median(
-                                x["step_s"] for x in runs["ddp-zero"]))
-                        row[f"{key}_over_ddp_zero_per_round"] = zero
+                    # Against DDP, and the sharded modes against the
+                    # sharded peer as well: the ratio of the medians, and
+                    # round by round.
+                    for peer in ["ddp"] + (
+                            ["ddp-zero"] if impl.startswith("ronde-zero") else []):
+                        name = f"{key}_over_{peer.replace('-', '_')}"
+                        row[name] = row[f"{key}_step_s"] / statistics.median(
+                            x["step_s"] for x in runs[peer])
+                        row[name + "_per_round"] = [
+                            x["step_s"] / d["step_s"]
+                            for x, d in zip(runs[impl], runs[peer])]
                     row[f"{key}_wait_s"] = statistics.median(
                         x["wait_s"] for x in runs[impl])
                     row[f"{key}_bucket_mb"] = [x.get("bucket_mb") for x in runs[impl]]

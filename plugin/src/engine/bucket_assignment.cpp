@@ -25,23 +25,22 @@ std::vector<std::vector<size_t>> assign_buckets(
   };
   std::map<std::string, Open> open;
   std::vector<std::vector<size_t>> done;
+  auto close = [&done](Open& b) {
+    done.push_back(std::move(b.members));
+    b.members.clear();
+    b.size = 0;
+    b.first = false;
+  };
   for (size_t i = 0; i < bytes.size(); ++i) {
     Open& b = open[keys[i]];
-    if (bytes[i] >= alone && !b.members.empty()) {
-      // Closed before it, so that it is the next bucket's only member.
-      done.push_back(std::move(b.members));
-      b.members.clear();
-      b.size = 0;
-      b.first = false;
-    }
+    // Closed before a parameter that goes alone, so that it is the next
+    // bucket's only member.
+    if (bytes[i] >= alone && !b.members.empty())
+      close(b);
     b.members.push_back(i);
     b.size += bytes[i];
-    if (b.size >= (b.first ? first_cap : cap) || bytes[i] >= alone) {
-      done.push_back(std::move(b.members));
-      b.members.clear();
-      b.size = 0;
-      b.first = false;
-    }
+    if (b.size >= (b.first ? first_cap : cap) || bytes[i] >= alone)
+      close(b);
   }
   for (auto& [key, b] : open) {
     if (!b.members.empty())
