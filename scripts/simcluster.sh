@@ -16,6 +16,9 @@
 #       make the cluster and print its name (remove it with `down`)
 #   scripts/simcluster.sh exec NAME HOST CMD...
 #       run CMD inside HOST (its index, its name h<i>, or its address)
+#   scripts/simcluster.sh cut NAME HOST | mend NAME HOST
+#       take HOST's link down (every packet to or from it is dropped, its
+#       processes live on: a partitioned host), or bring it back up
 #   scripts/simcluster.sh down NAME | --all
 #       kill every process in the cluster's hosts and remove the cluster
 #       (--all: every cluster this script made)
@@ -205,6 +208,12 @@ case "$cmd" in
     trap 'down "$NAME"' ERR
     up "$NAME" "$HOSTS" "$RATE" "$DELAY"
     echo "$NAME"
+    ;;
+  cut|mend)
+    [ $# -eq 2 ] || die "usage: simcluster.sh $cmd NAME HOST"
+    state=down
+    [ "$cmd" = cut ] || state=up
+    ip link set "$(veth_root "$1" "$(host_index "$2")")" "$state"
     ;;
   down)
     [ $# -eq 1 ] || die "usage: simcluster.sh down NAME | --all"

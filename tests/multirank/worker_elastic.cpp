@@ -183,8 +183,13 @@ RONDE_SCENARIO(elastic_train) {
             used, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
         seen[epoch] += used;
         ++step;
-        if (step_ms > 0)
+        if (step_ms > 0) {
+          // Paced runs are watched from outside (the cluster's partition
+          // test cuts a link at a step).
+          if (ronde::rank() == 0)
+            std::cout << "STEP " << step << std::endl;
           std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+        }
         if (sampler.consumed() % kCommitSamples == 0) {
           if (step == kill_step && doomed("commit"))
             die();

@@ -93,15 +93,18 @@ void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
         exited.push_back(g.ranks[r]);
     }
   }
+  const World::Suspects suspects =
+      w.failed_peers ? w.failed_peers(g.ranks, exited) : World::Suspects{};
   throw CommError(
       e.kind,
       to_string(call.kind),
       call.name,
       w.rank,
-      w.failed_peers ? w.failed_peers(g.ranks, exited) : std::vector<int>{},
+      suspects.ranks,
       comm.backend(),
-      g.is_global() ? std::string(e.what())
-                    : g.label().substr(4) + ": " + e.what());
+      (g.is_global() ? std::string(e.what())
+                     : g.label().substr(4) + ": " + e.what()) +
+          suspects.note);
 }
 
 Handle submit(

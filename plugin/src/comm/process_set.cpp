@@ -81,14 +81,16 @@ void connect(
   try {
     g.comm = make_communicator(config, group);
   } catch (const BackendFailure& e) {
+    const World::Suspects suspects =
+        w.failed_peers ? w.failed_peers(g.ranks, {}) : World::Suspects{};
     throw CommError(
         CommError::Kind::Rendezvous,
         "add_process_set",
         "process set " + std::to_string(g.id) + " " + rank_list(g.ranks),
         w.rank,
-        w.failed_peers ? w.failed_peers(g.ranks, {}) : std::vector<int>{},
+        suspects.ranks,
         w.global->comm->backend(),
-        e.what());
+        e.what() + suspects.note);
   }
   g.worker = std::make_unique<CommWorker>(*g.comm, w.blocking_wait);
 }

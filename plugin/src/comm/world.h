@@ -64,8 +64,14 @@ struct World {
   size_t help_bytes = std::numeric_limits<size_t>::max();
   // After a collective failed here: the peers among these job ranks that
   // did not report the failure themselves in time (the runtime's failure
-  // notices in the store). Null in a job of one rank: nobody to blame.
-  std::function<std::vector<int>(
+  // notices in the store), and what the failure's message must add (the
+  // store could not be asked either). Null in a job of one rank: nobody
+  // to blame.
+  struct Suspects {
+    std::vector<int> ranks;
+    std::string note;  // empty, or "; " and a sentence
+  };
+  std::function<Suspects(
       const std::vector<int>& among, const std::vector<int>& exited)>
       failed_peers;
 

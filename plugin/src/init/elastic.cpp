@@ -137,6 +137,8 @@ MembershipRequest next_round(const Runtime& rt, const Settings& settings) {
   request.previous = rt.members;
   request.min_members = settings.elastic_min_ranks;
   request.timeout = rt.timeout;
+  request.store_address = rt.info.addr + ":" + std::to_string(rt.info.port);
+  request.store_outlives_ranks = rt.info.store_hosted;
   return request;
 }
 

@@ -199,7 +199,9 @@ std::unique_ptr<World> connect(
     w->failed_peers =
         [store, info, timeout = rt.timeout](
             const std::vector<int>& among, const std::vector<int>& exited) {
-          return failed_peers(*store, info, timeout, among, exited);
+          World::Suspects s;
+          s.ranks = failed_peers(*store, info, timeout, among, exited, &s.note);
+          return s;
         };
   }
   w->global = connect_global(info, config, group, settings.blocking_wait);

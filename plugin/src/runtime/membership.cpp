@@ -200,6 +200,13 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
   } catch (const std::runtime_error&) {
     throw;
   } catch (const std::exception& e) {
+    if (r.store_outlives_ranks) {
+      throw std::runtime_error(
+          "lost contact with the store at " + r.store_address + " (" +
+          e.what() +
+          "); that store outlives every rank, so this host may be "
+          "partitioned from the job's network: this rank cannot rejoin");
+    }
     throw std::runtime_error(
         std::string("the store is gone (") + e.what() +
         "); a store hosted by a rank dies with it: run the job under "

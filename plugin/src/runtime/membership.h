@@ -34,6 +34,10 @@ struct MembershipRequest {
   // How long to wait for a member that nobody suspects, and for
   // min_members to arrive.
   std::chrono::milliseconds timeout{30000};
+  // "address:port" of the store, and whether it outlives every rank
+  // (ronderun --min-np): then losing it means this host is cut off.
+  std::string store_address;
+  bool store_outlives_ranks = false;
 };
 
 struct Membership {
@@ -55,7 +59,8 @@ std::vector<int> decide_members(
 
 // Joins the round and returns its outcome. Throws std::runtime_error with
 // the reason when fewer than min_members arrive within the timeout, or when
-// the store cannot be reached (a store hosted by a rank that died).
+// the store cannot be reached (a store hosted by a rank that died, or one
+// this host is cut off from).
 Membership meet_members(c10d::Store& store, const MembershipRequest& request);
 
 // While a round cannot reach min_members (the previous members nobody

@@ -5,6 +5,7 @@
 #include "runtime/error_text.h"
 #include "runtime/launch_contract.h"
 #include "runtime/signed_store.h"
+#include "runtime/store_socket.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -209,7 +210,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(
   // PyTorch's switch for the store server's event loop: USE_LIBUV=0 picks
   // the older, thread-based server (for systems where libuv misbehaves).
   so.useLibUV = settings.use_libuv;
-  return c10::make_intrusive<c10d::TCPStore>(info.addr, so);
+  const std::set<int> before = open_sockets();
+  auto store = c10::make_intrusive<c10d::TCPStore>(info.addr, so);
+  // Every later call on this connection ends within the job's timeout,
+  // even when the store's host is cut off from this one.
+  bound_store_connections(before, info.port, timeout);
+  return store;
 }
 
 c10::intrusive_ptr<c10d::Store> join_store(
@@ -264,13 +270,39 @@ std::vector<int> failed_peers(
     const LaunchInfo& info,
     std::chrono::milliseconds timeout,
     const std::vector<int>& among,
-    const std::vector<int>& exited) {
+    const std::vector<int>& exited,
+    std::string* lost) {
   const int me = info.rank;
   std::vector<int> peers = among;
   if (peers.empty()) {
     for (int r = 0; r < info.size; ++r)
       peers.push_back(r);
   }
+  // The store could not be asked: say so, and guess who is gone.
+  auto store_lost = [&](const std::exception& e) -> std::vector<int> {
+    const std::string where =
+        "the store at " + info.addr + ":" + std::to_string(info.port);
+    if (!info.store_hosted) {
+      if (lost != nullptr)
+        *lost = "; " + where + " (hosted by rank 0) cannot be reached "
+            "either (" + error_text(e) + "): rank 0 is gone";
+      return {0};
+    }
+    std::vector<int> others;
+    std::string names;
+    for (int r : peers) {
+      if (r == me)
+        continue;
+      others.push_back(r);
+      names += (names.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (lost != nullptr)
+      *lost = "; rank " + std::to_string(me) + " lost contact with " + where +
+          " (" + error_text(e) + ") and with ranks " + names +
+          ": the store outlives every rank, so this host may be partitioned "
+          "from the job's network";
+    return others;
+  };
   // The notice: "gone:" and the ranks this one saw exit.
   std::string notice = "gone:";
   for (size_t i = 0; i < exited.size(); ++i)
@@ -279,8 +311,8 @@ std::vector<int> failed_peers(
     store.set(
         job_key(info, "failed/" + std::to_string(me)),
         std::vector<uint8_t>(notice.begin(), notice.end()));
-  } catch (const std::exception&) {
-    return {0};  // rank 0 hosts the store: it is the one gone
+  } catch (const std::exception& e) {
+    return store_lost(e);
   }
   std::set<int> gone(exited.begin(), exited.end());
   // A notice counts once it opens: one that does not (forged, or replayed
@@ -327,8 +359,8 @@ std::vector<int> failed_peers(
           only_gone = only_gone && gone.count(r) > 0;
         }
       }
-    } catch (const std::exception&) {
-      return {0};
+    } catch (const std::exception& e) {
+      return store_lost(e);
     }
     if (only_gone || std::chrono::steady_clock::now() >= deadline) {
       return missing;

@@ -110,15 +110,21 @@ std::string topology_disagreement(const std::vector<PeerInfo>& peers);
 // After a collective failed here: posts this rank's failure notice, waits a
 // short grace for every peer's, and returns the ranks whose notice did not
 // come (dead, or stuck elsewhere), among the job ranks `among` (a process
-// set's; empty: every rank). {0} when the store itself is gone (rank 0
-// hosts it). Ranks this one saw exit (`exited`), or that a peer's notice
-// names as exited, are suspects at once: nobody waits out the grace for
-// them.
+// set's; empty: every rank). Ranks this one saw exit (`exited`), or that a
+// peer's notice names as exited, are suspects at once: nobody waits out the
+// grace for them. When the store cannot be asked, `lost` (if given) gets a
+// sentence for the failure's message, and the suspects are a guess: {0}
+// where rank 0 hosts the store (it is the one gone), every other rank of
+// `among` where the store outlives the ranks (ronderun --min-np, torchrun's
+// agent): then it is this rank that is cut off, from the store and from
+// its peers alike. Every store call here ends within `timeout`
+// (connect_store bounds the connection).
 std::vector<int> failed_peers(
     c10d::Store& store,
     const LaunchInfo& info,
     std::chrono::milliseconds timeout,
     const std::vector<int>& among = {},
-    const std::vector<int>& exited = {});
+    const std::vector<int>& exited = {},
+    std::string* lost = nullptr);
 
 }  // namespace ronde::detail
