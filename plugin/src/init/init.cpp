@@ -303,6 +303,9 @@ void init_locked(
   const Settings settings = read_settings(process_env());
   auto rt = std::make_unique<Runtime>();
   rt->info = given != nullptr ? *given : parse_launch_env(process_env());
+  static int inits = 0;  // under g_init_mutex
+  rt->info.incarnation = inits++;
+  rt->rank0_hosts_store = !store && !rt->info.store_hosted;
   rt->connection = std::move(store);
   rt->options = options;
   rt->member = rt->info.rank;
@@ -382,9 +385,11 @@ void shutdown() {
   // rank 0's store and every connection alive until all ranks are done
   // with them. A broken job skips it with a warning.
   detail::stop_added_sets(w);
+  bool met = false;
   if (rt->info.size > 1) {
     try {
       detail::barrier(w, "barrier at shutdown");
+      met = true;
     } catch (const std::exception& e) {
       std::cerr << "ronde: warning: rank " << rt->info.rank
                 << " could not meet the other ranks at shutdown: "
@@ -398,6 +403,10 @@ void shutdown() {
   w.global->worker.reset();
   detail::remove_world().reset();
   detail::g_runtime = nullptr;
+  // Only a job whose ranks all met: after a failure nobody calls init()
+  // again on the same store, and waiting for dead ranks would only delay.
+  if (met && rt->rank0_hosts_store && rt->store)
+    detail::leave_store(*rt->store, rt->info, rt->timeout);
   detail::release(*rt);
 }
 

@@ -39,6 +39,9 @@ struct Runtime {
   // The connection under it, kept across epochs: on rank 0 of a job whose
   // launcher hosts no store, the store's server itself.
   c10::intrusive_ptr<c10d::Store> connection;
+  // Rank 0 hosts the store in its process (no launcher's store, none given
+  // by a torch.distributed process group): shutdown() leaves it in step.
+  bool rank0_hosts_store = false;
   // The job key (from the job secret), once read; the elastic keys'
   // view of the store, signed with a key derived from it.
   std::optional<Key32> job_key;

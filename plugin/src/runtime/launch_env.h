@@ -29,6 +29,10 @@ struct LaunchInfo {
   // an elastic job. Every store key of a later epoch is apart from those of
   // earlier ones (job_key()).
   uint64_t epoch = 0;
+  // How many init()s this process made before this one: a world made again
+  // after shutdown() keeps its keys apart from the last one's, which a
+  // store that outlives the ranks (or a peer's late reads) still holds.
+  int incarnation = 0;
   // RONDE_ELASTIC_JOIN: the member id of a process started into a running
   // elastic job; -1 for the job's own ranks.
   int join_member = -1;

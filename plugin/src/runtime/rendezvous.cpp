@@ -31,8 +31,8 @@ constexpr const char* kIdentityKey = "ronde/identity";
 // the epoch's keys afterwards (the store is known to be this job's, and a
 // later epoch's challenge must not be confused with an earlier one's).
 std::string identity_key(const LaunchInfo& info) {
-  return info.epoch == 0 ? std::string(kIdentityKey)
-                         : job_key(info, "identity");
+  return info.epoch == 0 && info.incarnation == 0 ? std::string(kIdentityKey)
+                                                  : job_key(info, "identity");
 }
 // Outside any job's prefix: a process of another job counts itself here.
 constexpr const char* kRefusedKey = "ronde/refused";
@@ -146,10 +146,34 @@ std::optional<Key32> check_identity(
 }  // namespace
 
 std::string job_key(const LaunchInfo& info, const std::string& suffix) {
-  if (info.epoch == 0)
-    return "ronde/" + info.job_id + "/" + suffix;
-  return "ronde/" + info.job_id + "/e" + std::to_string(info.epoch) + "/" +
-      suffix;
+  std::string key = "ronde/" + info.job_id + "/";
+  if (info.incarnation > 0)
+    key += "i" + std::to_string(info.incarnation) + "/";
+  if (info.epoch > 0)
+    key += "e" + std::to_string(info.epoch) + "/";
+  return key + suffix;
+}
+
+void leave_store(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    std::chrono::milliseconds timeout) {
+  const std::string left = job_key(info, "left");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    if (info.rank != 0) {
+      store.add(left, 1);
+      // Returns when rank 0's server closes this connection (or, should
+      // rank 0 be gone already, fails at once); the key is never set.
+      store.wait({job_key(info, "never")}, timeout);
+      return;
+    }
+    while (store.add(left, 0) < info.size - 1 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } catch (const std::exception&) {
+    // The server closed the connection: what rank != 0 waited for.
+  }
 }
 
 CommError rendezvous_error(const LaunchInfo& info, const std::string& msg) {

@@ -29,6 +29,17 @@ namespace ronde::detail {
 // This job's keys in the store: "ronde/<job id>/<suffix>".
 std::string job_key(const LaunchInfo& info, const std::string& suffix);
 
+// At shutdown(), where rank 0 hosts the store: every other rank says it is
+// done with the store, then waits until rank 0's server is gone; rank 0
+// waits until all have said so (each within `timeout`), and then destroys
+// the store. So a rank that calls init() again at once cannot meet the
+// last world's server, which rank 0 is about to destroy, instead of the
+// next one's.
+void leave_store(
+    c10d::Store& store,
+    const LaunchInfo& info,
+    std::chrono::milliseconds timeout);
+
 // A rendezvous failure naming the job and the store's address.
 CommError rendezvous_error(const LaunchInfo& info, const std::string& msg);
 
