@@ -481,6 +481,37 @@ def test_a_replacement_joins_the_horovod_elastic_script(ranks):
         assert torch.equal(ranks.load("elastic", r)["params"], res["params"])
 
 
+def test_the_documented_elastic_loop_uses_every_sample_once(ranks):
+    # The loop of ronde.torch.elastic's docstring (enumerate(loader,
+    # state.batch), record_batch(state.batch, ...)) at 4 ranks over 92
+    # samples, batch 5, a commit every 2nd batch. Launch rank 2 dies at
+    # batch 3 (the commit at batch 2 leaves 52 samples, not a multiple of
+    # 3), then launch rank 1 at batch 4 of the 3-rank world. The counts
+    # of trained samples live in the state, so what a roll-back undoes is
+    # not counted. Only the final split's padding (fewer samples than
+    # ranks) may be read twice.
+    p = ranks.run("elastic_doc_loop", "samples=92", "batch=5", "every=2",
+                  "kills=2:4:3,1:3:4", np=4, timeout=300,
+                  launcher_args=("--min-np", "2"))
+    res = ranks.load("elastic_doc", 0)
+    assert [size for _, size in res["eras"]] == [4, 3, 2], (
+        res["eras"], p.stderr)
+    seen = res["seen"]
+    used = int(seen.sum())
+    twice = int((seen > 1).sum())
+    missing = int((seen == 0).sum())
+    assert (missing == 0 and int(seen.max()) <= 2 and
+            used - 92 < res["size"]), (
+        f"{used} samples used of 92, {twice} more than once "
+        f"(max {int(seen.max())}), {missing} never; eras {res['eras']}")
+    # The padding is the epoch's first samples (the worker's seed is 3).
+    g = torch.Generator()
+    g.manual_seed(3)
+    first = set(torch.randperm(92, generator=g)[:res["size"] - 1].tolist())
+    assert set(torch.nonzero(seen > 1).flatten().tolist()) <= first
+    assert torch.equal(ranks.load("elastic_doc", 1)["seen"], seen)
+
+
 @pytest.mark.parametrize("optimizer,stage,amp", [
     ("adam", "1", "0"), ("sgd", "2", "0"), ("adamw", "1", "1")])
 def test_sharded_equals_unsharded(ranks, optimizer, stage, amp):

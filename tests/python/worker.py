@@ -542,6 +542,60 @@ def elastic_horovod(out, kill_rank="2", kill_step="5", step_sleep="0"):
         "lr": opt.param_groups[0]["lr"]})
 
 
+def elastic_doc_loop(out, samples="92", batch="5", every="2",
+                     kills="2:4:3,1:3:4"):
+    """The loop of ronde.torch.elastic's docstring, as written there: the
+    batch number goes on from the restored ``state.batch``
+    (``enumerate(loader, state.batch)``) and is passed to ``record_batch``.
+    `kills` lists ``launch_rank:world_size:batch``: that rank dies of
+    SIGKILL at the start of that batch while the world has that size. Every
+    trained sample is counted in the state (``seen``, summed over the ranks
+    each batch), so a roll-back to the last commit drops the counts of the
+    batches it undoes."""
+    import signal
+    hvd = rt
+    n, batch_size, every = int(samples), int(batch), int(every)
+    kills = {tuple(int(v) for v in k.split(":")) for k in kills.split(",")}
+    launch_rank = hvd.rank()
+    torch.manual_seed(0)
+    dataset = torch.utils.data.TensorDataset(
+        torch.arange(n), torch.randn(n, 2), torch.randn(n, 1))
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size,
+                                         sampler=sampler)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0,
+                                   batch=0, seen=torch.zeros(n))
+    eras = [(0, hvd.size())]
+    state.register_reset_callbacks(
+        [lambda: eras.append((state.batch, hvd.size()))])
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, 1):
+            for state.batch, (idx, x, y) in enumerate(loader, state.batch):
+                if (launch_rank, hvd.size(), state.batch) in kills:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                used = torch.zeros(n)
+                used.index_add_(0, idx, torch.ones(len(idx)))
+                state.seen += hvd.allreduce(used, op=hvd.Sum)
+                state.sampler.record_batch(state.batch, batch_size)
+                if state.batch % every == 0:
+                    state.commit()
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch + 1)
+
+    train(state)
+    save(out, "elastic_doc", {"seen": state.seen, "eras": eras,
+                              "size": hvd.size()})
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     kwargs = dict(a.split("=", 1) for a in sys.argv[3:])
@@ -553,7 +607,8 @@ def main():
          "peer_dies": peer_dies, "process_sets": process_sets,
          "uneven": uneven, "sync_bn": sync_bn,
          "horovod_api": horovod_api, "profile": profile,
-         "elastic_horovod": elastic_horovod, "zero": zero,
+         "elastic_horovod": elastic_horovod,
+         "elastic_doc_loop": elastic_doc_loop, "zero": zero,
          "torch_zero": torch_zero}[scenario](
              out, **kwargs)
     except Exception:

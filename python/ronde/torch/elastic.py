@@ -20,6 +20,11 @@ without restarting the survivors and without losing a sample. Run it under
 
     train(state)
 
+``record_batch`` is called once per batch trained, in order: it records the
+next batch the sampler yielded, so the batch number may go on from the
+restored ``state.batch`` (as here) or count from 0 after each reset
+(Horovod's ``enumerate(loader)``).
+
 On a ``CommError`` inside ``train`` every survivor forms a new world with
 the others (the lowest survivor becomes rank 0), the state becomes rank 0's
 last commit, the reset callbacks run, and ``train`` is called again. A
@@ -178,7 +183,14 @@ class ElasticSampler(_torch.utils.data.Sampler):
     the end of epoch e starts the next. After a change of world, what is
     left of the epoch is split over the new ranks, so every sample is read
     once even when ranks were lost (the processed indices of a dropped rank
-    are not lost: the job's position is counted, not each rank's set)."""
+    are not lost: the job's position is counted, not each rank's set).
+    The one exception: when what is left does not divide by the number of
+    ranks, the split is padded with the epoch's first samples (fewer than
+    the number of ranks), read a second time in the epoch's last batch.
+
+    The sampler yields its split in order, from where the last commit left
+    it; ``record_batch`` is called once per batch trained, in order, and
+    records the next batch of the split whatever its ``batch_idx``."""
 
     def __init__(self, dataset, shuffle=True, seed=0):
         self.dataset = dataset
@@ -195,12 +207,23 @@ class ElasticSampler(_torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        self.record_indices(self.get_indices(batch_idx, batch_size))
+        """Records that this rank trained on the next batch the sampler
+        yielded: the next ``batch_size`` unrecorded indices of its split
+        (fewer at the split's end). Call it once per batch, in order.
+        ``batch_idx`` is not used to find the batch, so it may count from 0
+        after each reset (Horovod's ``enumerate(loader)``) or go on from the
+        restored batch number (``enumerate(loader, state.batch)``)."""
+        begin = self.processed_num
+        self.record_indices(self.indices[begin:begin + batch_size])
 
     def record_indices(self, indices):
+        """Records that this rank trained on ``indices``: counted, as the
+        next ``len(indices)`` indices of its split."""
         self.processed_num += len(indices)
 
     def get_indices(self, batch_idx, batch_size):
+        """Batch ``batch_idx`` of this rank's split, counted from the last
+        reset or ``set_epoch`` (Horovod's meaning)."""
         begin = batch_idx * batch_size
         return self.indices[begin:begin + batch_size]
 
