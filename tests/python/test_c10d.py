@@ -58,6 +58,30 @@ def test_a_dead_peer_fails_the_others_within_the_timeout(ranks):
         assert got["seconds"] < 30, got
 
 
+def test_tagged_messages_match_their_receives_as_on_gloo(ranks):
+    run(ranks, "p2p_tags")
+    got = ranks.load("p2p_tags", 1)
+    want = [[2.0], [1.0], [4.0], [3.0], [5.0], [6.0]]
+    assert got["gloo"] == want
+    assert got["ronde"] == want
+    msg = got["mismatch"]
+    assert "tag 9" in msg and "rank 0" in msg and "rank 1" in msg, msg
+    assert "200 Float" in msg and "100 Float" in msg, msg
+    assert got["after"] == [8.0] * 3
+    sender = ranks.load("p2p_tags", 0)
+    assert sender["mismatch"] == "", sender["mismatch"]
+
+
+def test_a_refused_any_source_recv_fails_the_sender_at_once(ranks):
+    # The group's timeout is 20 s: the sender must not wait for it.
+    run(ranks, "p2p_any_source", "timeout=20", check=False, timeout=120)
+    receiver = ranks.load("p2p_any_source", 1)
+    assert "without a source rank" in receiver["message"], receiver
+    sender = ranks.load("p2p_any_source", 0)
+    assert "refused a receive from any source" in sender["message"], sender
+    assert sender["seconds"] < 10, sender
+
+
 @pytest.mark.parametrize("order", ["c10d_first", "ronde_first"])
 def test_process_group_beside_distributed_optimizer(ranks, order):
     run(ranks, "mixed", f"order={order}")

@@ -423,6 +423,71 @@ def peer_dies(out, timeout="8"):
     os._exit(0)
 
 
+def p2p_tags(out):
+    """Rank 0 isends tagged messages (in the header and past it) that rank 1
+    irecvs in another order, on ronde and on gloo: each receive gets its
+    tag's message, one tag's messages in the order sent. Then a receive
+    whose tensor is smaller than its message fails, and the next message
+    of that tag still arrives."""
+    dist.init_process_group("ronde", timeout=datetime.timedelta(seconds=30))
+    me = dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    sent = [(1, 4, 1.0), (2, 4, 2.0), (3, 1000, 3.0), (4, 1000, 4.0),
+            (5, 4, 5.0), (5, 4, 6.0)]
+    order = [1, 0, 3, 2, 4, 5]  # the receives, by index into `sent`
+    got = {}
+    for name, g in (("ronde", None), ("gloo", gloo)):
+        if me == 0:
+            reqs = [dist.isend(torch.full((n,), v), 1, group=g, tag=tag)
+                    for tag, n, v in sent]
+        else:
+            bufs = [torch.zeros(sent[i][1]) for i in order]
+            reqs = [dist.irecv(b, 0, group=g, tag=sent[i][0])
+                    for b, i in zip(bufs, order)]
+        for q in reqs:
+            q.wait()
+        if me == 1:
+            got[name] = [sorted(set(b.tolist())) for b in bufs]
+    try:
+        if me == 0:
+            dist.send(torch.full((200,), 7.0), 1, tag=9)
+        else:
+            dist.recv(torch.zeros(100), 0, tag=9)
+        got["mismatch"] = ""
+    except Exception as e:  # noqa: BLE001
+        got["mismatch"] = str(e)
+    t = torch.full((3,), 8.0) if me == 0 else torch.zeros(3)
+    if me == 0:
+        dist.send(t, 1, tag=9)
+    else:
+        dist.recv(t, 0, tag=9)
+    got["after"] = t.tolist()
+    save(out, "p2p_tags", got)
+    dist.destroy_process_group()
+
+
+def p2p_any_source(out, timeout="20"):
+    """Rank 1 receives from any source, which ronde refuses, while rank 0
+    sends to it: both fail, the sender about as soon as the receiver."""
+    dist.init_process_group(
+        "ronde", timeout=datetime.timedelta(seconds=float(timeout)))
+    me = dist.get_rank()
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        if me == 0:
+            dist.send(torch.ones(4), 1)
+        else:
+            dist.recv(torch.zeros(4))
+        msg = ""
+    except Exception as e:  # noqa: BLE001
+        msg = str(e)
+    save(out, "p2p_any_source",
+         {"message": msg, "seconds": time.monotonic() - start})
+    sys.stdout.flush()
+    os._exit(0)  # the sender's set never connected: no teardown to wait on
+
+
 def mixed(out, order="c10d_first"):
     """The process group and ronde's DistributedOptimizer in one program,
     either one started first: training matches one process, and the

@@ -56,7 +56,8 @@ Backend::Backend(const BackendOptions& o)
     ronde::detail::attach_to_store(o.store, o.rank, o.size, o.timeout, addr, port);
     global_ranks_.resize(o.size);
     std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
-    p2p_ = std::make_unique<ronde::detail::PointToPoint>(global_ranks_, name_);
+    p2p_ = std::make_unique<ronde::detail::PointToPoint>(
+        global_ranks_, name_, o.rank, o.store);
     return;
   }
   TORCH_CHECK(
@@ -72,7 +73,8 @@ Backend::Backend(const BackendOptions& o)
       ronde::detail::rank_list(global_ranks_), ", but it is rank ",
       ronde::rank(), " of ronde's world");
   set_ = ronde::detail::add_member_set(global_ranks_, o.group_name);
-  p2p_ = std::make_unique<ronde::detail::PointToPoint>(global_ranks_, name_);
+  p2p_ = std::make_unique<ronde::detail::PointToPoint>(
+      global_ranks_, name_, o.rank, o.store);
 }
 
 Backend::~Backend() {
@@ -268,27 +270,31 @@ void Backend::monitoredBarrier(
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::send(
-    std::vector<at::Tensor>& tensors, int dst, int /*tag*/) {
+    std::vector<at::Tensor>& tensors, int dst, int tag) {
   return RONDE_LAUNCH(SEND, "send", tensors, [&] {
     return std::vector<Handle>{
-        p2p_->post(one(tensors, "send"), rank_, dst, /*sending=*/true)};
+        p2p_->post(one(tensors, "send"), rank_, dst, tag, /*sending=*/true)};
   });
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::recv(
-    std::vector<at::Tensor>& tensors, int src, int /*tag*/) {
+    std::vector<at::Tensor>& tensors, int src, int tag) {
   return RONDE_LAUNCH(RECV, "recv", tensors, [&] {
     return std::vector<Handle>{
-        p2p_->post(one(tensors, "recv"), src, rank_, /*sending=*/false)};
+        p2p_->post(one(tensors, "recv"), src, rank_, tag, /*sending=*/false)};
   });
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::recvAnysource(
     std::vector<at::Tensor>& /*tensors*/, int /*tag*/) {
+  // The senders learn it too (c10d/p2p.h): a send meant for this receive
+  // would otherwise wait for the group's timeout.
+  p2p_->refuse_any_source();
   TORCH_CHECK(
       false,
-      "ronde: recv without a source rank is not supported: ronde matches "
-      "messages per pair of ranks; name the sender (dist.recv(t, src=...))");
+      "ronde: recv without a source rank on rank ", rank_, " is not "
+      "supported: ronde matches messages per pair of ranks; name the sender "
+      "(dist.recv(t, src=...)). The sends to this rank that wait fail too");
 }
 
 c10::intrusive_ptr<::c10d::ProcessGroup> new_process_group(
