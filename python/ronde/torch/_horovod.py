@@ -11,6 +11,7 @@ import warnings as _warnings
 import torch as _torch
 
 from . import _C
+from . import _autograd
 
 _ReduceOp = _C.ReduceOp
 
@@ -68,8 +69,8 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     ``prescale_factor``, ``postscale_factor``, ``process_set``."""
     op = _resolve_op(average, op, "allreduce")
     wire = _Wire(compression, tensor)
-    out = _C.allreduce(wire.down(tensor), op, prescale_factor,
-                       postscale_factor, name or "", _set(process_set))
+    out = _autograd.allreduce(wire.down(tensor), op, prescale_factor,
+                              postscale_factor, name or "", _set(process_set))
     return wire.up(out)
 
 
@@ -110,13 +111,31 @@ def _none_means_default(fn):
     return call
 
 
-allgather = _none_means_default(_C.allgather)
+def allgather(tensor, name=None, process_set=None, out=None):
+    """Every rank's rows, concatenated in rank order (differentiable)."""
+    return _autograd.allgather(tensor, name or "", _set(process_set), out)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """``root_rank``'s tensor, as a new tensor (differentiable)."""
+    return _autograd.broadcast(tensor, root_rank, name or "",
+                               _set(process_set))
+
+
+def reducescatter(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
+                  postscale_factor=1.0, name=None, process_set=None,
+                  out=None):
+    """The reduction's part of this rank (differentiable for Sum and
+    Average)."""
+    return _autograd.reducescatter(tensor, op, prescale_factor,
+                                   postscale_factor, name or "",
+                                   _set(process_set), out)
+
+
 allgather_async = _none_means_default(_C.allgather_async)
-broadcast = _none_means_default(_C.broadcast)
 broadcast_ = _none_means_default(_C.broadcast_)
 broadcast_async = _none_means_default(_C.broadcast_async)
 broadcast_async_ = _none_means_default(_C.broadcast_async_)
-reducescatter = _none_means_default(_C.reducescatter)
 reducescatter_async = _none_means_default(_C.reducescatter_async)
 
 
@@ -137,8 +156,8 @@ def alltoall(tensor, splits=None, name=None, process_set=None, out=None):
     as in Horovod; equal parts when omitted). With ``out``, what comes is
     written there (it must hold exactly the rows received) and ``out`` is
     returned."""
-    return _C.alltoall(tensor, _splits(splits), name or "", _set(process_set),
-                       out)
+    return _autograd.alltoall(tensor, _splits(splits), name or "",
+                              _set(process_set), out)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None,
@@ -189,9 +208,13 @@ def grouped_allreduce(tensors, average=None, name=None, compression=None,
     tensors = list(tensors)
     wires = [_Wire(compression, t) for t in tensors]
     sent = [w.down(t) for w, t in zip(wires, tensors)]
-    got = _grouped(sent, op, name, prescale_factor, postscale_factor,
-                   _set(process_set), None)
+    got = _autograd.grouped(_grouped_new, sent, op, name, prescale_factor,
+                            postscale_factor, _set(process_set))
     return [w.up(t) for w, t in zip(wires, got)]
+
+
+def _grouped_new(tensors, op, name, prescale, postscale, process_set):
+    return _grouped(tensors, op, name, prescale, postscale, process_set, None)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None,

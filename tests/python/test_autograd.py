@@ -1,0 +1,18 @@
+"""Gradients through ronde.torch's collectives (worker_autograd.py): every
+rank's input gradient equals the one computed in a single process over
+every rank's input, at 2 and 3 ranks."""
+import os
+
+import pytest
+
+from conftest import HERE
+
+AUTOGRAD_WORKER = os.path.join(HERE, "worker_autograd.py")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives_backpropagate_as_the_single_process_reference(ranks, np_):
+    ranks.run("grads", np=np_, worker=AUTOGRAD_WORKER)
+    for r in range(np_):
+        failures = ranks.load("grads", r)
+        assert not failures, f"rank {r}:\n" + "\n".join(failures)
