@@ -163,9 +163,12 @@ void leave_store(
   try {
     if (info.rank != 0) {
       store.add(left, 1);
-      // Returns when rank 0's server closes this connection (or, should
-      // rank 0 be gone already, fails at once); the key is never set.
-      store.wait({job_key(info, "never")}, timeout);
+      // Until rank 0's server closes this connection, which fails the
+      // check (c10d logs a failed wait() with a stack, but not this).
+      const std::string never = job_key(info, "never");
+      while (!store.check({never}) &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return;
     }
     while (store.add(left, 0) < info.size - 1 &&
