@@ -16,7 +16,7 @@ namespace ronde::detail::shm {
 
 // The identity every segment starts with; a peer checks it before use.
 constexpr uint64_t kMagic = 0x316d73656472'6f72;  // "rondesm1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 // The control block's bytes at the head of a segment; the areas follow.
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kLine = 64;  // a cache line: counters never share one
@@ -48,6 +48,10 @@ struct Control {
   alignas(kLine) std::atomic<uint32_t> wake{0};  // futex word
   std::atomic<uint32_t> sleepers{0};
   std::atomic<uint32_t> state{kLive};
+  // The CPU the owner ran on when it last began a step (sched_getcpu()):
+  // a waiter on the same CPU yields it instead of spinning, since the
+  // owner cannot run while it spins.
+  std::atomic<int32_t> cpu{-1};
   // The owner's arena (shm_arena.h): its bytes, after the areas at
   // arena_offset(); 0 when it has none.
   uint64_t arena_bytes = 0;

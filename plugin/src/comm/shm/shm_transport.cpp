@@ -17,6 +17,7 @@
 #include "comm/shm/shm_segment.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -217,6 +218,7 @@ bool Transport::peer_alive(int peer) const {
 uint64_t Transport::begin_step() {
   check_usable();
   const uint64_t g = ++step_;
+  control(rank_).cpu.store(::sched_getcpu(), std::memory_order_relaxed);
   // The slot this step writes was read by every peer in step g - 2. A peer
   // publishes its counters in step order, so one seen at step g - 1 says
   // that it consumed step g - 2 already: most steps load no peer's line.
@@ -252,13 +254,19 @@ void Transport::await(int peer, int counter, uint64_t step) {
     return;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  // Spin: a peer that is about to arrive costs no sleep and wake-up.
+  const int here = ::sched_getcpu();
+  // Spin: a peer that is about to arrive costs no sleep and wake-up. A
+  // peer that last ran on this CPU cannot arrive while this rank holds it
+  // (two ranks the scheduler put on one core, or more ranks than cores):
+  // spinning there only burns the budget, each side in turn, at every
+  // step; yielding hands the CPU over at once.
   for (uint32_t i = 1;; ++i) {
     cpu_relax();
     if ((seen = value.load(std::memory_order_acquire)) >= step)
       return;
     if ((i & 63) == 0) {
-      if (yield_while_spinning_)
+      if (yield_while_spinning_ ||
+          p.cpu.load(std::memory_order_relaxed) == here)
         std::this_thread::yield();
       if (Clock::now() - start >= spin_)
         break;
