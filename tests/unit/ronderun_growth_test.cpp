@@ -90,6 +90,7 @@ TEST(RonderunElastic, AJoiningRankIsAWorldOfOneWithItsMemberId) {
           "RONDE_RENDEZVOUS_PORT=29500",
           "RONDE_JOB_ID=j",
           "RONDE_JOB_SECRET_FILE=/s/secret",
+          "RONDE_BIND_TO=core",
           "RONDE_STORE_HOSTED=1",
           "RONDE_ELASTIC_MIN_NP=1",
           "RONDE_ELASTIC_JOIN=5"}));

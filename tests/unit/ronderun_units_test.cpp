@@ -280,7 +280,8 @@ TEST(RonderunRankEnv, GivesALocalJobItsOwnVariablesOnly) {
           "RONDE_RENDEZVOUS_ADDR=127.0.0.1",
           "RONDE_RENDEZVOUS_PORT=29500",
           "RONDE_JOB_ID=j",
-          "RONDE_JOB_SECRET_FILE=/s/secret"}));
+          "RONDE_JOB_SECRET_FILE=/s/secret",
+          "RONDE_BIND_TO=core"}));
 }
 
 TEST(RonderunRankEnv, TimeoutTimelineAndExportsReplaceInherited) {
@@ -304,6 +305,7 @@ TEST(RonderunRankEnv, TimeoutTimelineAndExportsReplaceInherited) {
           "RONDE_RENDEZVOUS_PORT=0",
           "RONDE_JOB_ID=",
           "RONDE_TIMEOUT_SECONDS=60",
+          "RONDE_BIND_TO=core",
           "RONDE_TIMELINE=/tl/timeline.{rank}.json"}));
 }
 
@@ -339,7 +341,8 @@ TEST(RonderunRankEnv, StartsOtherHostsRanksThroughTheTemplate) {
           "RONDE_RENDEZVOUS_ADDR=10.0.0.1",
           "RONDE_RENDEZVOUS_PORT=7",
           "RONDE_JOB_ID=j",
-          "RONDE_JOB_SECRET_FILE=/s/secret"}));
+          "RONDE_JOB_SECRET_FILE=/s/secret",
+          "RONDE_BIND_TO=core"}));
   // node1's rank gets only the forwarded variables, and its secret on stdin.
   EXPECT_EQ(
       l[1].argv,
@@ -352,7 +355,7 @@ TEST(RonderunRankEnv, StartsOtherHostsRanksThroughTheTemplate) {
           "KEEP=k SET=1 RONDE_RANK=1 RONDE_SIZE=2 RONDE_LOCAL_RANK=0 "
           "RONDE_LOCAL_SIZE=1 RONDE_CROSS_RANK=1 RONDE_CROSS_SIZE=2 "
           "RONDE_RENDEZVOUS_ADDR=10.0.0.1 RONDE_RENDEZVOUS_PORT=7 "
-          "RONDE_JOB_ID=j run it"}));
+          "RONDE_JOB_ID=j RONDE_BIND_TO=core run it"}));
   EXPECT_EQ(
       remote_environment(
           {"A=1", "OMP_NUM_THREADS=2", "NCCL_X=", "VIRTUAL_ENV=/v",

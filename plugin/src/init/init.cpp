@@ -10,6 +10,7 @@
 #include "init/runtime.h"
 
 #include "comm/world.h"
+#include "runtime/cpu_binding.h"
 #include "runtime/error_text.h"
 #include "runtime/launch_env.h"
 #include "runtime/rendezvous.h"
@@ -320,6 +321,12 @@ void init_locked(
       static_cast<int64_t>(resolve_timeout(options, settings) * 1000.0));
   if (rt->info.size > 1)
     ignore_sigpipe();
+  // Before any thread of ronde's starts: they inherit the binding.
+  const std::string unbound = bind_process(
+      settings.bind_to, rt->info.local_rank, rt->info.local_size);
+  if (!unbound.empty() && rt->info.local_rank == 0)
+    std::cerr << "ronde: warning: rank " << rt->info.rank << ": "
+              << unbound << std::endl;
   std::unique_ptr<detail::World> world =
       detail::connect(*rt, options, settings);
   detail::install_settings(settings);

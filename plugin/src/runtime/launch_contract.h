@@ -34,6 +34,8 @@ constexpr char kElasticJoinVar[] = "RONDE_ELASTIC_JOIN";
 // Set by --timeout and --timeline; read as settings by every rank.
 constexpr char kTimeoutSecondsVar[] = "RONDE_TIMEOUT_SECONDS";
 constexpr char kTimelineVar[] = "RONDE_TIMELINE";
+// Set by --bind-to (core unless told otherwise); read as a setting.
+constexpr char kBindToVar[] = "RONDE_BIND_TO";
 // In a RONDE_TIMELINE path, replaced by each rank with its rank.
 constexpr char kRankPlaceholder[] = "{rank}";
 

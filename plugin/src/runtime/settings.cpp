@@ -102,6 +102,7 @@ const std::vector<std::string>& setting_variables() {
       "RONDE_AUTOTUNE",
       "RONDE_LOG_ALL_RANKS",
       "RONDE_HELP_BYTES",
+      kBindToVar,
       "RONDE_SHM",
       "RONDE_SHM_DIR",
       "RONDE_SHM_CHUNK_BYTES",
@@ -159,6 +160,13 @@ Settings read_settings(const EnvLookup& env) {
     s.bucket_copy_whole = copy == "whole";
   s.autotune = flag(env, "RONDE_AUTOTUNE");
   s.log_all_ranks = flag(env, "RONDE_LOG_ALL_RANKS").value_or(false);
+  s.bind_to = text(env, kBindToVar);
+  TORCH_CHECK(
+      s.bind_to.empty() || s.bind_to == "core" || s.bind_to == "socket" ||
+          s.bind_to == "none",
+      "ronde: RONDE_BIND_TO='",
+      s.bind_to,
+      "' is none of core, socket, none");
   s.shm = flag(env, "RONDE_SHM").value_or(true);
   const std::string dir = text(env, "RONDE_SHM_DIR");
   if (!dir.empty())

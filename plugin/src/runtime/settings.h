@@ -57,6 +57,9 @@ struct Settings {
   // RONDE_HELP_BYTES: the largest queued collective (bytes per rank) a
   // thread waiting on it runs itself (CommWorker::help); unset: any.
   std::optional<size_t> help_bytes;
+  // RONDE_BIND_TO: core, socket or none (empty: none): the CPUs init()
+  // binds the rank to (runtime/cpu_binding.h); ronderun sets core.
+  std::string bind_to;
   // RONDE_SHM=0: ranks of one host use Gloo, not shared memory.
   bool shm = true;
   // RONDE_SHM_DIR, RONDE_SHM_CHUNK_BYTES (at least

@@ -41,6 +41,11 @@ const char kUsage[] =
     "  --restart-failed     start a replacement for a failed rank on its\n"
     "                       host after a second; a host that fails three\n"
     "                       times gets no more ranks\n"
+    "  --bind-to core|socket|none\n"
+    "                       the CPUs each rank runs on (RONDE_BIND_TO):\n"
+    "                       core (default): its own share of the host's\n"
+    "                       CPUs (their number over the host's ranks);\n"
+    "                       socket: one socket's; none: any\n"
     "  --job-id ID          job id shared by all ranks (default: random)\n"
     "  --port P             rendezvous port (default: a free local port)\n"
     "  --host H             rendezvous address (default: 127.0.0.1; with -H,\n"
@@ -78,7 +83,8 @@ bool takes_value(const std::string& arg) {
          arg == "--min-np" || arg == "--max-np" ||
          arg == "--host-discovery-script" || arg == "--job-id" || arg == "--port" || arg == "--host" ||
          arg == "-H" || arg == "--hosts" || arg == "--hostfile" ||
-         arg == "--rsh" || arg == "-x" || arg == "--timeline";
+         arg == "--rsh" || arg == "-x" || arg == "--timeline" ||
+         arg == "--bind-to";
 }
 
 void set_flag(const std::string& arg, Options& options) {
@@ -152,7 +158,11 @@ std::string set_text(
   if (empty) {
     return arg + " must not be empty";
   }
-  if (arg == "--job-id") {
+  if (arg == "--bind-to") {
+    if (value != "core" && value != "socket" && value != "none")
+      return "--bind-to expects core, socket or none, got '" + value + "'";
+    options.bind_to = value;
+  } else if (arg == "--job-id") {
     options.job_id = value;
   } else if (arg == "--rsh") {
     options.rsh = value;

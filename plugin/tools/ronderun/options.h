@@ -30,6 +30,8 @@ struct Options {
   int port = 0;
   std::string host = kDefaultHost;
   std::string timeline_dir;  // --timeline
+  // --bind-to: each rank's CPUs (RONDE_BIND_TO): core, socket or none.
+  std::string bind_to = "core";
   // --min-np: an elastic job (the store is hosted here, a failed rank does
   // not end the job); 0: not elastic.
   int min_ranks = 0;

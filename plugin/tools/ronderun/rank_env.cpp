@@ -36,7 +36,8 @@ bool is_own_variable(const std::string& name, const Options& options) {
   // Replaced when given, else inherited.
   return (name == kTimeoutSecondsVar && options.timeout_seconds) ||
       (name == kElasticMinRanksVar && options.min_ranks > 0) ||
-      (name == kTimelineVar && !options.timeline_dir.empty());
+      (name == kTimelineVar && !options.timeline_dir.empty()) ||
+      name == kBindToVar;
 }
 
 std::vector<std::string> forwarded_names(const std::vector<std::string>& x) {
@@ -134,6 +135,7 @@ std::vector<std::string> rank_variables(
     own.push_back(
         variable(kTimeoutSecondsVar, std::to_string(*options.timeout_seconds)));
   }
+  own.push_back(variable(kBindToVar, options.bind_to));
   if (options.min_ranks > 0) {
     own.push_back(variable(kStoreHostedVar, "1"));
     own.push_back(
