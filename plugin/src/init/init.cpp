@@ -16,6 +16,7 @@
 #include "runtime/rendezvous.h"
 #include "runtime/settings.h"
 #include "runtime/stall_inspector.h"
+#include "runtime/store_socket.h"
 #include "runtime/topology.h"
 
 #include <ATen/Context.h>
@@ -412,8 +413,11 @@ void shutdown() {
   detail::g_runtime = nullptr;
   // Only a job whose ranks all met: after a failure nobody calls init()
   // again on the same store, and waiting for dead ranks would only delay.
-  if (met && rt->rank0_hosts_store && rt->store)
+  if (met && rt->rank0_hosts_store && rt->store) {
     detail::leave_store(*rt->store, rt->info, rt->timeout);
+    if (rt->info.rank != 0)
+      detail::wait_until_closed_by_server(rt->info.port, rt->timeout);
+  }
   detail::release(*rt);
 }
 

@@ -2,6 +2,7 @@
 #include "runtime/store_socket.h"
 
 #include <dirent.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -9,7 +10,9 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <vector>
 
 namespace ronde::detail {
 namespace {
@@ -90,6 +93,31 @@ int bound_store_connections(
     ++bounded;
   }
   return bounded;
+}
+
+void wait_until_closed_by_server(int port, std::chrono::milliseconds timeout) {
+  std::vector<pollfd> open;
+  for (int fd : open_sockets()) {
+    if (is_tcp_stream(fd) && peer_port(fd) == port)
+      open.push_back(pollfd{fd, POLLRDHUP, 0});
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!open.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      return;
+    if (::poll(open.data(), open.size(), static_cast<int>(left.count())) < 0 &&
+        errno != EINTR)
+      return;
+    open.erase(
+        std::remove_if(
+            open.begin(), open.end(),
+            [](const pollfd& p) {
+              return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+            }),
+        open.end());
+  }
 }
 
 }  // namespace ronde::detail

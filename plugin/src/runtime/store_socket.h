@@ -26,4 +26,10 @@ std::set<int> open_sockets();
 int bound_store_connections(
     const std::set<int>& before, int port, std::chrono::milliseconds timeout);
 
+// Returns once the server at the other end of every connection of this
+// process to `port` has closed it (or after `timeout`), without reading
+// from them: a failed read on a store client's connection makes c10d log
+// a warning with a stack.
+void wait_until_closed_by_server(int port, std::chrono::milliseconds timeout);
+
 }  // namespace ronde::detail
