@@ -19,6 +19,17 @@ here, under mpirun with Open MPI's defaults (its shared memory on one
 host; it binds each rank to a core, ronderun does not). --no-mpi leaves
 it out.
 
+--background N runs N busy processes beside every program's turn (each
+turn has its own, started before it and stopped after it), for the shared
+cores a training machine has: a data loader, intra-op threads, another
+job; --background-kind matmul makes them one process of N threads doing
+float32 matmuls instead. Beside the median of the medians, each row then
+gives the 90th percentile of one call (p90, the largest over ranks, median
+over rounds) for ronde and Open MPI: the tail a median hides. --impls
+picks programs (ronde,mpi,baseline,ronde-gloo,torch,ronde-unbound; the
+last is ronde under ronderun --bind-to none: ronderun binds each rank to
+its own share of the CPUs by default).
+
 --baseline-build DIR adds one more program to every round: ronde as built
 in DIR (another checkout, before a change), so that a change is measured
 against what it changed in one command, alternating with it.
@@ -38,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("allreduce", "broadcast", "allgather", "reducescatter")
 # Summary and JSON key stem of each program.
 KEYS = {"ronde": "ronde", "ronde-gloo": "ronde_gloo", "torch": "torch",
-        "baseline": "baseline", "mpi": "mpi"}
+        "baseline": "baseline", "mpi": "mpi", "ronde-unbound": "ronde_unbound"}
 
 
 def run(cmd, env):
@@ -68,21 +79,25 @@ def summarize(runs, memcpy_runs, impls):
     def per_size(rs, key):
         """Medians by size; None where a program has no results (torch with
         a collective its Gloo does not run)."""
-        if not all(r["results"] for r in rs):
+        if not all(r["results"] and key in r["results"][0] for r in rs):
             return [None] * len(sizes)
         return [statistics.median(r["results"][i][key] for r in rs)
                 for i in range(len(sizes))]
 
     def spread(impl, i):
-        if not all(r["results"] for r in runs[impl]):
+        if impl not in runs or not all(r["results"] for r in runs[impl]):
             return None
         vals = [r["results"][i]["busbw_GBs"] for r in runs[impl]]
         return (max(vals) - min(vals)) / statistics.median(vals)
 
     bw = {impl: per_size(runs[impl], "busbw_GBs") for impl in impls}
+    for impl in KEYS:
+        bw.setdefault(impl, [None] * len(sizes))
     rt = per_size(runs["ronde"], "time_us")
     nc = per_size(runs["ronde"], "nocheck_time_us")
+    r90 = per_size(runs["ronde"], "p90_time_us")
     mt = per_size(runs["mpi"], "time_us") if "mpi" in impls else None
+    m90 = per_size(runs["mpi"], "p90_time_us") if "mpi" in impls else None
     # Matched by position in the sweep: allgather's and reducescatter's
     # bytes are rounded to a multiple of the rank count, memcpy's are not.
     mc = per_size(memcpy_runs, "busbw_GBs")
@@ -90,16 +105,22 @@ def summarize(runs, memcpy_runs, impls):
     def div(x, y):
         return x / y if x is not None and y else None
 
+    p50 = {impl: per_size(runs[impl], "time_us") for impl in impls}
+    p90 = {impl: per_size(runs[impl], "p90_time_us") for impl in impls}
     rows = []
     for i, size in enumerate(sizes):
         row = {"bytes": size}
         for impl in impls:
             row[KEYS[impl] + "_busbw_GBs"] = bw[impl][i]
+            if impl != "torch":
+                row[KEYS[impl] + "_p50_us"] = p50[impl][i]
+                row[KEYS[impl] + "_p90_us"] = p90[impl][i]
         row.update(memcpy_GBs=mc[i],
                    ratio=div(bw["ronde"][i], bw["torch"][i]),
                    vs_gloo=div(bw["ronde"][i], bw["ronde-gloo"][i]),
                    of_memcpy=div(bw["ronde"][i], mc[i]),
                    ronde_time_us=rt[i], ronde_nocheck_time_us=nc[i],
+                   ronde_p90_us=r90[i],
                    check_cost=(rt[i] - nc[i]) / nc[i],
                    spread_ronde=spread("ronde", i),
                    spread_torch=spread("torch", i))
@@ -108,6 +129,7 @@ def summarize(runs, memcpy_runs, impls):
         if "mpi" in impls:
             row["vs_mpi"] = div(bw["ronde"][i], bw["mpi"][i])
             row["mpi_time_us"] = mt[i]
+            row["mpi_p90_us"] = m90[i]
         rows.append(row)
     return rows
 
@@ -121,16 +143,19 @@ def print_table(np_, op, rounds, rows, baseline, torch_note, mpi):
           (f"; torch: {torch_note}" if torch_note else ""))
     print(f"{'bytes':>11} {'ronde':>8} {'ronde-gloo':>10} {'torch':>8} "
           f"{'memcpy':>8} {'ratio':>6} {'vs_gloo':>7} {'of_mcpy':>7} "
-          f"{'time_us':>9} {'spread_r':>8} {'spread_t':>8} {'check_cost':>10}"
+          f"{'time_us':>9} {'p90_us':>8} {'spread_r':>8} {'spread_t':>8} "
+          f"{'check_cost':>10}"
           + (f" {'baseline':>8} {'vs_base':>7}" if baseline else "")
-          + (f" {'mpi':>8} {'mpi_us':>8} {'vs_mpi':>6}" if mpi else ""))
+          + (f" {'mpi':>8} {'mpi_us':>8} {'mpi_p90':>8} {'vs_mpi':>6}"
+             if mpi else ""))
     for x in rows:
         line = (f"{x['bytes']:>11} {f(x['ronde_busbw_GBs'], '.3f', 8)} "
-                f"{f(x['ronde_gloo_busbw_GBs'], '.3f', 10)} "
-                f"{f(x['torch_busbw_GBs'], '.3f', 8)} "
-                f"{f(x['memcpy_GBs'], '.2f', 8)} {f(x['ratio'], '.2f', 6)} "
-                f"{f(x['vs_gloo'], '.2f', 7)} {f(x['of_memcpy'], '.2%', 7)} "
-                f"{x['ronde_time_us']:>9.1f} {f(x['spread_ronde'], '.0%', 8)} "
+                f"{f(x.get('ronde_gloo_busbw_GBs'), '.3f', 10)} "
+                f"{f(x.get('torch_busbw_GBs'), '.3f', 8)} "
+                f"{f(x['memcpy_GBs'], '.2f', 8)} {f(x.get('ratio'), '.2f', 6)} "
+                f"{f(x.get('vs_gloo'), '.2f', 7)} {f(x['of_memcpy'], '.2%', 7)} "
+                f"{x['ronde_time_us']:>9.1f} {f(x['ronde_p90_us'], '.1f', 8)} "
+                f"{f(x['spread_ronde'], '.0%', 8)} "
                 f"{f(x['spread_torch'], '.0%', 8)} {x['check_cost']:>10.0%}")
         if baseline:
             line += (f" {f(x['baseline_busbw_GBs'], '.3f', 8)} "
@@ -138,8 +163,19 @@ def print_table(np_, op, rounds, rows, baseline, torch_note, mpi):
         if mpi:
             line += (f" {f(x['mpi_busbw_GBs'], '.3f', 8)} "
                      f"{f(x['mpi_time_us'], '.1f', 8)} "
+                     f"{f(x['mpi_p90_us'], '.1f', 8)} "
                      f"{f(x['vs_mpi'], '.2f', 6)}")
         print(line)
+    # One call's time: the median and the 90th percentile (the largest over
+    # ranks, median over rounds), per program.
+    timed = [k for k in ("ronde", "ronde_unbound", "baseline", "mpi")
+             if rows[0].get(f"{k}_p50_us") is not None]
+    print(f"{'bytes':>11} " + " ".join(f"{k + ' p50/p90 us':>24}"
+                                        for k in timed))
+    for x in rows:
+        print(f"{x['bytes']:>11} " + " ".join(
+            f"{f(x[k + '_p50_us'], '.1f', 11)} /"
+            f"{f(x[k + '_p90_us'], '.1f', 11)}" for k in timed))
     sys.stdout.flush()
 
 
@@ -180,7 +216,8 @@ def plot(path, groups, memcpy_rows):
     plt.close(fig)
 
 
-EXPECTED_BACKEND = {"ronde": "shm", "ronde-gloo": "gloo"}
+EXPECTED_BACKEND = {"ronde": "shm", "ronde-gloo": "gloo",
+                    "ronde-unbound": "shm"}
 
 
 def build_mpi_bench(tmp):
@@ -206,6 +243,38 @@ def mpirun(np_):
     return cmd
 
 
+BUSY = "while True: pass"
+MATMUL = ("import sys, torch\n"
+          "torch.set_num_threads(int(sys.argv[1]))\n"
+          "a = torch.randn(512, 512)\n"
+          "while True: a @ a\n")
+
+
+class Background:
+    """N busy processes (or one process of N matmul threads) for the
+    duration of a `with`: shared cores."""
+
+    def __init__(self, n, kind):
+        self.n, self.kind, self.procs = n, kind, []
+
+    def __enter__(self):
+        if self.n > 0 and self.kind == "busy":
+            self.procs = [subprocess.Popen([sys.executable, "-c", BUSY])
+                          for _ in range(self.n)]
+        elif self.n > 0:
+            self.procs = [subprocess.Popen(
+                [sys.executable, "-c", MATMUL, str(self.n)],
+                env=dict(os.environ, OMP_NUM_THREADS=str(self.n)))]
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        return False
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -227,6 +296,14 @@ def main():
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw allreduce busbw against size, one panel per "
                         "rank count")
+    p.add_argument("--background", type=int, default=0, metavar="N",
+                   help="N busy processes beside every program's turn")
+    p.add_argument("--background-kind", choices=("busy", "matmul"),
+                   default="busy",
+                   help="busy: N Python busy loops; matmul: one process of "
+                        "N threads doing matmuls")
+    p.add_argument("--impls", default="ronde,ronde-gloo,torch,mpi,baseline",
+                   help="programs to run, comma-separated (ronde always)")
     p.add_argument("--out")
     a = p.parse_args()
     try:
@@ -261,15 +338,18 @@ def main():
         envs["baseline"] = dict(base_env, LD_LIBRARY_PATH=os.pathsep.join(
             filter(None, [lib, base_env.get("LD_LIBRARY_PATH")])))
     sweep = ["-b", a.b, "-e", a.e, "-f", a.f]
-    impls = ["ronde", "ronde-gloo", "torch"] + (
-        ["baseline"] if a.baseline_build else [])
+    wanted = set(comma_list(a.impls)) | {"ronde"}
+    impls = [i for i in ["ronde", "ronde-gloo", "torch", "ronde-unbound"]
+             if i in wanted] + (
+        ["baseline"] if a.baseline_build and "baseline" in wanted else [])
     groups = [(np_, op) for np_ in nps for op in ops]
     raw = {g: {impl: [] for impl in impls} for g in groups}
     memcpy_raw = []
     torch_bench = [sys.executable,
                    os.path.join(ROOT, "benchmarks", "torch_allreduce_bench.py")]
     with tempfile.TemporaryDirectory() as tmp:
-        mpi_bench = None if a.no_mpi else build_mpi_bench(tmp)
+        mpi_bench = (None if a.no_mpi or "mpi" not in wanted
+                     else build_mpi_bench(tmp))
         if mpi_bench:
             impls.append("mpi")
             for g in groups:
@@ -300,9 +380,12 @@ def main():
                                              "allreduce_bench")]
                     print(f"round {r + 1}/{a.rounds}: {np_} ranks, {op}, "
                           f"{impl}", file=sys.stderr)
-                    head = [launcher, "-np", str(np_), "--"] if launcher else []
-                    run(head + prog + sweep + op_args + ["--json", out],
-                        envs.get(impl, base_env))
+                    head = [launcher, "-np", str(np_)] + (
+                        ["--bind-to", "none"] if impl == "ronde-unbound"
+                        else []) + ["--"] if launcher else []
+                    with Background(a.background, a.background_kind):
+                        run(head + prog + sweep + op_args + ["--json", out],
+                            envs.get(impl, base_env))
                     with open(out) as f:
                         result = json.load(f)
                     # A ronde line that silently ran on another backend
@@ -322,7 +405,8 @@ def main():
     out_groups = []
     for np_, op in groups:
         runs = raw[(np_, op)]
-        torch_note = runs["torch"][0].get("unsupported")
+        torch_note = (runs["torch"][0].get("unsupported")
+                      if "torch" in runs else None)
         rows = summarize(runs, memcpy_raw, impls)
         print_table(np_, op, a.rounds, rows, bool(a.baseline_build),
                     torch_note and "unsupported, " + torch_note,
@@ -341,6 +425,8 @@ def main():
         # reads them there).
         json.dump({"benchmark": "allreduce", "ranks": first["ranks"],
                    "op": first["op"], "rounds": a.rounds, "nps": nps,
+                   "background": a.background,
+                   "background_kind": a.background_kind,
                    "ops": ops, "impls": impls, "summary": first["summary"],
                    "raw": first["raw"],
                    "memcpy": {"summary": memcpy_rows, "raw": memcpy_raw},

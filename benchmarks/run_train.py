@@ -6,6 +6,9 @@ one host), ronde-gloo (the same over Gloo, RONDE_SHM=0) and PyTorch DDP
 --no-arena, --autotune, --pin, --shard and --variant add ronde modes
 (--shard also DDP with torch's ZeroRedundancyOptimizer, its peer). Every mode
 also gives its CPU time per step by thread (benchmarks/README.md).
+--background N runs N busy processes (--background-kind matmul: one
+process of N matmul threads) beside every mode's turn, as
+run_allreduce.py does: training on shared cores.
 
     .venv/bin/python benchmarks/run_train.py --rounds 3
 
@@ -21,6 +24,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from run_allreduce import Background  # noqa: E402
 
 
 def load(path):
@@ -64,6 +69,10 @@ def main():
                    help="add ronde-NAME: the default ronde mode with these "
                         "variables set (e.g. a setting's former default); "
                         "may be repeated")
+    p.add_argument("--background", type=int, default=0, metavar="N",
+                   help="N busy processes beside every mode's turn")
+    p.add_argument("--background-kind", choices=("busy", "matmul"),
+                   default="busy")
     p.add_argument("--out")
     a = p.parse_args()
     bin_dir = os.path.join(a.build, "bin")
@@ -85,9 +94,10 @@ def main():
 
             def run(cmd, name, extra_env=None):
                 path = os.path.join(tmp, name + ".json")
-                done = subprocess.run(cmd + ["--json", path],
-                                      env=dict(env, **(extra_env or {})),
-                                      stdout=subprocess.DEVNULL)
+                with Background(a.background, a.background_kind):
+                    done = subprocess.run(cmd + ["--json", path],
+                                          env=dict(env, **(extra_env or {})),
+                                          stdout=subprocess.DEVNULL)
                 if done.returncode != 0:
                     # torch's gloo at times aborts in destroy_process_group()
                     # ("terminate called without an active exception"),
@@ -100,15 +110,18 @@ def main():
 
             def run_local2(r):
                 procs, paths = [], []
+                background = Background(a.background, a.background_kind)
+                background.__enter__()
                 for i in range(a.np):
                     path = os.path.join(tmp, f"{wl}-local2-{r}-{i}.json")
                     paths.append(path)
                     procs.append(subprocess.Popen(
                         [bench, "--mode", "local"] + common + ["--json", path],
                         env=env, stdout=subprocess.DEVNULL))
-                for pr in procs:
-                    if pr.wait() != 0:
-                        raise SystemExit("local2 run failed")
+                codes = [pr.wait() for pr in procs]
+                background.__exit__()
+                if any(codes):
+                    raise SystemExit("local2 run failed")
                 figures = [load(x) for x in paths]
                 return {"step_s": max(x["step_s"] for x in figures),
                         "main_cpu_s": statistics.mean(
@@ -279,6 +292,8 @@ def main():
                                 f"train-{datetime.date.today().isoformat()}.json")
     with open(out, "w") as f:
         json.dump({"benchmark": "train", "rounds": a.rounds, "allocator": a.allocator,
+                   "background": a.background,
+                   "background_kind": a.background_kind,
                    "glibc_tunables": env.get("GLIBC_TUNABLES", ""), "rows": out_rows},
                   f, indent=1)
     print(f"wrote {out}", file=sys.stderr)
