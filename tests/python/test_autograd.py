@@ -16,3 +16,13 @@ def test_collectives_backpropagate_as_the_single_process_reference(ranks, np_):
     for r in range(np_):
         failures = ranks.load("grads", r)
         assert not failures, f"rank {r}:\n" + "\n".join(failures)
+
+
+HOROVOD_WORKER = os.path.join(HERE, "worker_horovod.py")
+
+
+def test_horovod_compression_grouped_collectives_and_internal_error(ranks):
+    ranks.run("names", np=2, worker=HOROVOD_WORKER)
+    for r in range(2):
+        failures = ranks.load("names", r)
+        assert not failures, f"rank {r}:\n" + "\n".join(failures)

@@ -236,6 +236,7 @@ from ._zero import (  # noqa: E402,F401
 # Horovod's spellings (average=, compression=, tensor splits, grouped and
 # object collectives, capability queries) over the calls above.
 from ._horovod import (  # noqa: E402,F401
+    HorovodInternalError,
     allgather,
     allgather_async,
     allgather_object,
@@ -254,8 +255,10 @@ from ._horovod import (  # noqa: E402,F401
     ddl_built,
     gloo_built,
     gloo_enabled,
+    grouped_allgather,
     grouped_allreduce,
     grouped_allreduce_,
+    grouped_reducescatter,
     mpi_built,
     mpi_enabled,
     mpi_threads_supported,

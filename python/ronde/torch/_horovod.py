@@ -289,3 +289,58 @@ def ddl_built():
 
 def ccl_built():
     return False
+
+
+# Horovod raises HorovodInternalError where a collective fails; ronde raises
+# CommError there (with the operation, the suspects and the backend's
+# message): the same class under Horovod's name, so that `except
+# hvd.HorovodInternalError` catches ronde's failures.
+HorovodInternalError = _C.CommError
+
+
+def _compress(self, tensor):
+    """Horovod's ``Compression.X.compress``: ``(tensor on the wire, ctx)``;
+    floating tensors go as float16 (fp16) or bfloat16 (bf16), others as
+    they are."""
+    to = {_C.Compression.fp16: _torch.float16,
+          _C.Compression.bf16: _torch.bfloat16}.get(self)
+    if to is None or not tensor.is_floating_point():
+        return tensor, None
+    return tensor.to(to), tensor.dtype
+
+
+def _decompress(self, tensor, ctx):
+    """Horovod's ``Compression.X.decompress``: back to the dtype ``ctx``
+    (what ``compress`` returned) names."""
+    return tensor if ctx is None else tensor.to(ctx)
+
+
+# ronde's Compression is an enum of its C++ API; Horovod's members are
+# classes with these two methods, which scripts (and Horovod's own tests)
+# call directly.
+_C.Compression.compress = _compress
+_C.Compression.decompress = _decompress
+
+
+def grouped_allgather(tensors, name=None, process_set=None):
+    """allgather of every tensor of a list (one collective each); returns
+    the gathered tensors, in order (differentiable, as allgather)."""
+    return [allgather(t, name=f"{name}.{i}" if name else None,
+                      process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=None,
+                          process_set=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of every tensor of a list (one collective each, Average
+    unless ``op`` says otherwise); returns this rank's parts, in order."""
+    op = _ReduceOp.Average if op is None else op
+    out = []
+    for i, t in enumerate(tensors):
+        wire = _Wire(compression, t)
+        part = reducescatter(wire.down(t), op, prescale_factor,
+                             postscale_factor,
+                             f"{name}.{i}" if name else None, process_set)
+        out.append(wire.up(part))
+    return out

@@ -1,0 +1,82 @@
+"""Horovod names and behaviours of ronde.torch beyond the collectives'
+gradients (worker_autograd.py): HorovodInternalError, Compression's
+compress/decompress, grouped_allgather and grouped_reducescatter, each
+checked on every rank against a local reference.
+
+    worker_horovod.py names OUT_DIR
+"""
+import os
+import sys
+import traceback
+
+import torch
+
+import ronde.torch as hvd
+
+
+def names(out):
+    n, me = hvd.size(), hvd.rank()
+    failures = []
+
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
+
+    # Compression objects, as Horovod's scripts and tests call them.
+    x = torch.arange(6, dtype=torch.float64) / 3
+    for c, dt in ((hvd.Compression.fp16, torch.float16),
+                  (hvd.Compression.bf16, torch.bfloat16)):
+        wire, ctx = c.compress(x)
+        check(wire.dtype == dt, f"{c}: compressed to {wire.dtype}")
+        back = c.decompress(wire, ctx)
+        check(back.dtype == torch.float64 and
+              torch.allclose(back, x, rtol=1e-2), f"{c}: came back {back}")
+    i = torch.arange(4)
+    wire, ctx = hvd.Compression.fp16.compress(i)
+    check(wire is i and hvd.Compression.fp16.decompress(wire, ctx) is i,
+          "fp16 changed an integer tensor")
+    wire, ctx = hvd.Compression.none.compress(x)
+    check(wire is x and ctx is None, "none changed the tensor")
+
+    # grouped_allgather: rank r sends r + 1 rows of each tensor.
+    ts = [torch.full((me + 1, 2), float(me)), torch.full((me + 1,), me + 10.0)]
+    got = hvd.grouped_allgather(ts, name="ga")
+    want = [torch.cat([torch.full((r + 1, 2), float(r)) for r in range(n)]),
+            torch.cat([torch.full((r + 1,), r + 10.0) for r in range(n)])]
+    check(all(torch.equal(g, w) for g, w in zip(got, want)),
+          f"grouped_allgather: {got}")
+
+    # grouped_reducescatter: Sum and Average of 2n rows.
+    ts = [torch.arange(2 * n * 3, dtype=torch.float32).view(2 * n, 3) + me,
+          torch.ones(2 * n) * (me + 1)]
+    for op, div in ((hvd.Sum, 1), (hvd.Average, n)):
+        got = hvd.grouped_reducescatter(ts, op=op)
+        for k, t in enumerate(ts):
+            total = sum(t - me + r if k == 0 else torch.ones(2 * n) * (r + 1)
+                        for r in range(n)) / div
+            want = total[2 * me:2 * me + 2]
+            check(torch.allclose(got[k], want),
+                  f"grouped_reducescatter {op.name} tensor {k}: {got[k]}")
+
+    # A failed collective is a HorovodInternalError (ronde's CommError).
+    check(hvd.HorovodInternalError is hvd.CommError and
+          issubclass(hvd.HorovodInternalError, RuntimeError),
+          "HorovodInternalError is not CommError")
+    torch.save(failures, os.path.join(out, f"names.rank{me}.pt"))
+    for f in failures:
+        print(f"rank {me}: {f}", flush=True)
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    hvd.init()
+    try:
+        {"names": names}[scenario](out)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
