@@ -366,6 +366,13 @@ def test_a_horovod_script_runs_with_only_its_import_changed(ranks):
         want_list = (torch.tensor([0.0, 1.0, 10.0, 11.0]) if r == 0 else
                      torch.tensor([2.0, 3.0, 12.0, 13.0]))
         torch.testing.assert_close(res["alltoall_list"], want_list)
+        # As in Horovod, with splits: how many rows came from each rank, a
+        # tensor of the splits' type (int32 for a list).
+        want_recv = [1, 1] if r == 0 else [3, 3]
+        assert res["alltoall_received"].tolist() == want_recv
+        assert res["alltoall_received"].dtype == torch.int64
+        assert res["alltoall_list_received"].tolist() == [2, 2]
+        assert res["alltoall_list_received"].dtype == torch.int32
         g = res["grouped"]
         torch.testing.assert_close(g[0], torch.full((2,), 3.0))
         torch.testing.assert_close(g[1], torch.full((3,), 5.0,

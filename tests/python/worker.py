@@ -430,10 +430,10 @@ def horovod_api(out):
                                      name=None)
     res["broadcast_object"] = hvd.broadcast_object({"from": r}, root_rank=1)
     res["allgather_object"] = hvd.allgather_object(("rank", r, [r] * r))
-    res["alltoall"] = hvd.alltoall(torch.arange(4.0) + 10 * r,
-                                   splits=torch.tensor([1, 3]))
-    res["alltoall_list"] = hvd.alltoall(torch.arange(4.0) + 10 * r,
-                                        splits=[2, 2])
+    res["alltoall"], res["alltoall_received"] = hvd.alltoall(
+        torch.arange(4.0) + 10 * r, splits=torch.tensor([1, 3]))
+    res["alltoall_list"], res["alltoall_list_received"] = hvd.alltoall(
+        torch.arange(4.0) + 10 * r, splits=[2, 2])
     grouped = [torch.full((2,), r + 1.0), torch.full((3,), r + 2.0,
                dtype=torch.float64), torch.full((1,), r + 3.0)]
     res["grouped"] = hvd.grouped_allreduce(grouped, op=hvd.Sum)

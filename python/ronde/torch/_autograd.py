@@ -112,23 +112,29 @@ def allgather(tensor, name, process_set, out=None):
 
 class _Alltoall(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name, process_set):
+    def forward(ctx, tensor, splits, name, process_set, received):
         handle = _C.alltoall_async(tensor, splits, name, process_set, None)
         out = handle.result()
         ctx.set = process_set
         ctx.received = list(handle.received_splits())
+        received.extend(ctx.received)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         g = _C.alltoall(grad.contiguous(), ctx.received, "", ctx.set, None)
-        return g, None, None, None
+        return g, None, None, None, None
 
 
 def alltoall(tensor, splits, name, process_set, out=None):
+    """The rows received, and how many came from each rank."""
     if out is not None or not _needs_grad(tensor):
-        return _C.alltoall(tensor, splits, name, process_set, out)
-    return _Alltoall.apply(tensor, splits, name, process_set)
+        handle = _C.alltoall_async(tensor, splits, name, process_set, out)
+        got = handle.result()
+        return (got if out is None else out), list(handle.received_splits())
+    received = []
+    got = _Alltoall.apply(tensor, splits, name, process_set, received)
+    return got, received
 
 
 class _Reducescatter(_torch.autograd.Function):

@@ -153,11 +153,18 @@ def _splits(splits):
 
 def alltoall(tensor, splits=None, name=None, process_set=None, out=None):
     """Rows ``splits[r]`` go to rank ``r`` (a list or a 1-d integer tensor,
-    as in Horovod; equal parts when omitted). With ``out``, what comes is
-    written there (it must hold exactly the rows received) and ``out`` is
-    returned."""
-    return _autograd.alltoall(tensor, _splits(splits), name or "",
-                              _set(process_set), out)
+    as in Horovod; equal parts when omitted). Returns the rows received;
+    as in Horovod, with ``splits`` given, ``(rows, received_splits)``:
+    how many rows came from each rank, a tensor of the splits' integer
+    type (int32 for a list). With ``out``, what comes is written there (it
+    must hold exactly the rows received) and ``out`` stands for the rows."""
+    got, received = _autograd.alltoall(tensor, _splits(splits), name or "",
+                                       _set(process_set), out)
+    if splits is None:
+        return got
+    dtype = (splits.dtype if isinstance(splits, _torch.Tensor)
+             else _torch.int32)
+    return got, _torch.tensor(received, dtype=dtype)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=None,
