@@ -227,6 +227,7 @@ def test_errors_are_python_exceptions_with_the_cpp_messages(ranks):
             "but rank 1 has 'weight' Float[2, 4] on cpu (rank 0 has 2, rank 1 "
             "has 2 in all)"), msg
         kind, msg = res["unnamed"]
+        assert kind == "ValueError"
         assert msg.startswith(
             f"ronde: rank {r}: the wrapped optimizer's param group 0 holds "
             f"a parameter Float[2, {3 + r}] that is not among "

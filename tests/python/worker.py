@@ -193,7 +193,7 @@ def errors(out):
         rt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                 named_parameters=other.named_parameters())
         res["unnamed"] = None
-    except RuntimeError as e:
+    except ValueError as e:  # Horovod's type for it
         res["unnamed"] = (type(e).__name__, str(e))
     try:
         rt.DistributedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),

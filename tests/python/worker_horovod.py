@@ -1,7 +1,8 @@
 """Horovod names and behaviours of ronde.torch beyond the collectives'
 gradients (worker_autograd.py): HorovodInternalError, Compression's
-compress/decompress, grouped_allgather and grouped_reducescatter, each
-checked on every rank against a local reference.
+compress/decompress, grouped_allgather and grouped_reducescatter (each
+checked on every rank against a local reference), Horovod's ValueErrors,
+and join(device).
 
     worker_horovod.py names OUT_DIR
 """
@@ -57,6 +58,31 @@ def names(out):
             want = total[2 * me:2 * me + 2]
             check(torch.allclose(got[k], want),
                   f"grouped_reducescatter {op.name} tensor {k}: {got[k]}")
+
+    # Horovod's ValueErrors: repeated or missing parameter names, bad
+    # alltoall splits.
+    model = torch.nn.Linear(2, 1)
+    for named, what in (
+            ([("w", model.weight), ("w", model.bias)], "repeated"),
+            ([("w", model.weight)], "missing")):
+        try:
+            hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                named_parameters=named)
+            failures.append(f"DistributedOptimizer accepted {what} names")
+        except ValueError as e:
+            check("rank" in str(e), f"{what} names: {e}")
+    for splits in (torch.tensor([1.0, 1.0]), ["a", "b"]):
+        try:
+            hvd.alltoall(torch.arange(2.0), splits=splits)
+            failures.append(f"alltoall accepted splits {splits}")
+        except ValueError:
+            pass
+
+    # join(device) as Horovod spells it: every rank joins at once here.
+    check(hvd.join(-1) in range(n), "join(-1) did not return a rank")
+    check(hvd.join(hvd.global_process_set()) in range(n),
+          "join(process_set) did not return a rank")
 
     # A failed collective is a HorovodInternalError (ronde's CommError).
     check(hvd.HorovodInternalError is hvd.CommError and

@@ -171,11 +171,15 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
         optimizer.load_state_dict(state)
 
 
-def join(process_set=None):
-    """Horovod's ``hvd.join()``: this rank has run out of data. Until every
-    rank of the set has called it, it takes part in the others' collectives
-    with inputs that change nothing (zeros in their gradient all-reduces);
-    returns the (set) rank that joined last. See ``Join``."""
+def join(device=-1, process_set=None):
+    """Horovod's ``hvd.join(device=-1)``: this rank has run out of data.
+    Until every rank of the set has called it, it takes part in the others'
+    collectives with inputs that change nothing (zeros in their gradient
+    all-reduces); returns the (set) rank that joined last. See ``Join``.
+    ``device`` is Horovod's (where its zeros live); ronde makes them where
+    each collective's tensors are, and takes a ProcessSet in its place."""
+    if isinstance(device, _C.ProcessSet):
+        device, process_set = -1, device
     return _C.join(process_set=_set_or_global(process_set))
 
 

@@ -139,16 +139,25 @@ broadcast_async_ = _none_means_default(_C.broadcast_async_)
 reducescatter_async = _none_means_default(_C.reducescatter_async)
 
 
+class _SplitsError(TypeError, ValueError):
+    """Bad alltoall splits: a TypeError, as before, and the ValueError
+    Horovod raises."""
+
+
 def _splits(splits):
     if splits is None:
         return None
     if isinstance(splits, _torch.Tensor):
         if splits.dim() != 1 or splits.is_floating_point():
-            raise TypeError("ronde: alltoall: splits must be a 1-d integer "
-                            f"tensor, got {splits.dtype} of shape "
-                            f"{tuple(splits.shape)}")
+            raise _SplitsError("ronde: alltoall: splits must be a 1-d integer "
+                               f"tensor, got {splits.dtype} of shape "
+                               f"{tuple(splits.shape)}")
         return [int(s) for s in splits.tolist()]
-    return [int(s) for s in splits]
+    try:
+        return [int(s) for s in splits]
+    except (TypeError, ValueError) as e:
+        raise _SplitsError(f"ronde: alltoall: splits must be integers: {e}") \
+            from None
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None, out=None):

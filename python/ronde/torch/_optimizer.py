@@ -284,8 +284,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         named_parameters = list(named_parameters)
     names = [n for n, _ in named_parameters]
     params = [p for _, p in named_parameters]
-    _C._check_optimizer_parameters(
-        params, [list(g["params"]) for g in optimizer.param_groups])
+    # Horovod's errors for these are ValueErrors; scripts catch them so.
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(
+            f"ronde: DistributedOptimizer on rank {_C.rank()}: parameter "
+            f"names must be unique; repeated: {', '.join(repeated[:5])}")
+    try:
+        _C._check_optimizer_parameters(
+            params, [list(g["params"]) for g in optimizer.param_groups])
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
 
     if isinstance(optimizer, _DistributedOptimizer):
         base = optimizer._ronde_base_class
