@@ -441,19 +441,22 @@ CASES = {
 }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(cases=None, doc=__doc__):
+    """Runs one of `cases` (these by default), named on the command line;
+    exits 77 where no cluster can be made."""
+    cases = CASES if cases is None else cases
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--worker", required=True)
     ap.add_argument("--ronderun", required=True)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("case", choices=sorted(cases))
     args = ap.parse_args()
     probe = subprocess.run([SIM, "check"], capture_output=True, text=True)
     if probe.returncode != 0:
         print(f"SKIPPED: no simulated cluster here: {probe.stderr.strip()}")
         return SKIP
     try:
-        CASES[args.case](args)
+        cases[args.case](args)
     except Failure as e:
         print(f"FAILED: {e}")
         return 1

@@ -12,7 +12,6 @@ is left in the hosts, in /dev/shm or in TMPDIR.
 
     partition_test.py --worker W --ronderun R CASE
 """
-import argparse
 import os
 import re
 import shutil
@@ -22,7 +21,8 @@ import tempfile
 import threading
 import time
 
-from cluster_test import (SIM, SKIP, Cluster, Failure, base_env, check,
+import cluster_test
+from cluster_test import (SIM, Cluster, Failure, base_env, check,
                           ronderun_argv, shm_segments)
 
 TIMEOUT = 30  # ronderun_argv's --timeout
@@ -150,24 +150,5 @@ CASES = {
 }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worker", required=True)
-    ap.add_argument("--ronderun", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    args = ap.parse_args()
-    probe = subprocess.run([SIM, "check"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        print(f"SKIPPED: no simulated cluster here: {probe.stderr.strip()}")
-        return SKIP
-    try:
-        CASES[args.case](args)
-    except Failure as e:
-        print(f"FAILED: {e}")
-        return 1
-    print("PASSED")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cluster_test.main(CASES, __doc__))
