@@ -263,7 +263,7 @@ case "$cmd" in
     exit "$rc"
     ;;
   *)
-    sed -n '2,30p' "$SELF" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,33p' "$SELF" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
