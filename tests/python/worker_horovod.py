@@ -1,13 +1,14 @@
 """Horovod names and behaviours of ronde.torch beyond the collectives'
 gradients (worker_autograd.py): HorovodInternalError, Compression's
 compress/decompress, grouped_allgather and grouped_reducescatter (each
-checked on every rank against a local reference), Horovod's ValueErrors,
-and join(device).
+checked on every rank against a local reference), Horovod's ValueErrors
+(names still in flight too), and join(device).
 
     worker_horovod.py names OUT_DIR
 """
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -83,6 +84,23 @@ def names(out):
     check(hvd.join(-1) in range(n), "join(-1) did not return a rank")
     check(hvd.join(hvd.global_process_set()) in range(n),
           "join(process_set) did not return a rank")
+
+    # A name still in flight is refused (ValueError), as in Horovod. Rank
+    # 1 comes late, so rank 0's first call is still in flight when it
+    # tries the name again; once done, the name is free.
+    if me == 1:
+        time.sleep(0.3)
+    h = hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+    if me == 0:
+        try:
+            hvd.allreduce_async(torch.ones(2), name="dup", op=hvd.Sum)
+            failures.append("a second collective named 'dup' was accepted")
+        except ValueError as e:
+            check("still in flight" in str(e), f"duplicate name: {e}")
+    check(torch.equal(hvd.synchronize(h), torch.full((2,), float(n))),
+          "the first 'dup' all-reduce")
+    again = hvd.synchronize(hvd.allgather_async(torch.tensor([me]), name="dup"))
+    check(again.tolist() == list(range(n)), f"'dup' again: {again}")
 
     # A failed collective is a HorovodInternalError (ronde's CommError).
     check(hvd.HorovodInternalError is hvd.CommError and

@@ -90,10 +90,42 @@ def _with_op(fn, caller, doc):
 
 allreduce_ = _with_op(_C.allreduce_, "allreduce_",
                       "allreduce in place; returns ``tensor``.")
+# The handles of this process's asynchronous collectives by name, while
+# they run: Horovod refuses a second one of a name still in flight
+# (ValueError), since its names key the ranks' negotiation.
+_in_flight = {}
+
+
+def _unique_name(fn, at):
+    """``fn`` (an _async collective whose name is argument ``at`` or the
+    keyword ``name``) refusing a name that one of this process's
+    collectives still in flight has."""
+
+    @_functools.wraps(fn)
+    def call(*args, **kwargs):
+        name = kwargs.get("name", args[at] if len(args) > at else None)
+        if name:
+            for done in [k for k, h in _in_flight.items() if h.done()]:
+                del _in_flight[done]
+            if name in _in_flight:
+                raise ValueError(
+                    f"ronde: {fn.__name__} on rank {_C.rank()}: a collective "
+                    f"named {name!r} is still in flight; names of in-flight "
+                    "collectives must be unique (as in Horovod)")
+        handle = fn(*args, **kwargs)
+        if name:
+            _in_flight[name] = handle
+        return handle
+
+    return call
+
+
 allreduce_async = _with_op(_C.allreduce_async, "allreduce_async",
                            "allreduce, returning a handle.")
 allreduce_async_ = _with_op(_C.allreduce_async_, "allreduce_async_",
                             "allreduce in place, returning a handle.")
+allreduce_async = _unique_name(allreduce_async, 2)
+allreduce_async_ = _unique_name(allreduce_async_, 2)
 
 
 def _none_means_default(fn):
@@ -132,11 +164,12 @@ def reducescatter(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
                                    _set(process_set), out)
 
 
-allgather_async = _none_means_default(_C.allgather_async)
+allgather_async = _unique_name(_none_means_default(_C.allgather_async), 1)
 broadcast_ = _none_means_default(_C.broadcast_)
-broadcast_async = _none_means_default(_C.broadcast_async)
-broadcast_async_ = _none_means_default(_C.broadcast_async_)
-reducescatter_async = _none_means_default(_C.reducescatter_async)
+broadcast_async = _unique_name(_none_means_default(_C.broadcast_async), 2)
+broadcast_async_ = _unique_name(_none_means_default(_C.broadcast_async_), 2)
+reducescatter_async = _unique_name(
+    _none_means_default(_C.reducescatter_async), 4)
 
 
 class _SplitsError(TypeError, ValueError):
@@ -176,6 +209,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None, out=None):
     return got, _torch.tensor(received, dtype=dtype)
 
 
+@_functools.partial(_unique_name, at=2)
 def alltoall_async(tensor, splits=None, name=None, process_set=None,
                    out=None):
     return _C.alltoall_async(tensor, _splits(splits), name or "",
