@@ -306,7 +306,8 @@ std::vector<int> failed_peers(
     if (!info.store_hosted) {
       if (lost != nullptr)
         *lost = "; " + where + " (hosted by rank 0) cannot be reached "
-            "either (" + error_text(e) + "): rank 0 is gone";
+            "either (" + error_text(e) + "): rank 0 is gone, or cut off "
+            "from this rank";
       return {0};
     }
     std::vector<int> others;
