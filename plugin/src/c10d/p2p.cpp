@@ -353,9 +353,9 @@ class PointToPoint::Direction {
   void take_receive(Incoming& in) {
     if (in.recv.proxy)
       return;
-    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Recv& r) {
-      return r.tag == in.tag;
-    });
+    auto it = std::find_if(
+        pending_.begin(), pending_.end(),
+        [&](const Recv& r) { return r.tag == in.tag; });
     if (it != pending_.end()) {
       in.recv = std::move(*it);
       pending_.erase(it);

@@ -61,7 +61,8 @@ class PointToPoint {
   // `dst` under `tag` (this rank is one of them: the sender when
   // `sending`). The handle finishes when it was sent or received; a failed
   // connection fails it.
-  Handle post(const at::Tensor& tensor, int src, int dst, int tag, bool sending);
+  Handle post(
+      const at::Tensor& tensor, int src, int dst, int tag, bool sending);
 
   // Publishes that this rank refused a receive from any source, for the
   // ranks whose sends to it wait (see above). Never throws: the caller's

@@ -30,6 +30,7 @@ std::vector<int> cpus_for_rank(
 // Binds the calling thread, and the threads it creates afterwards, to
 // cpus_for_rank() of this process's allowed CPUs. Returns a warning for
 // the log ("" when bound, or when the mode is none).
-std::string bind_process(const std::string& mode, int local_rank, int local_size);
+std::string bind_process(
+    const std::string& mode, int local_rank, int local_size);
 
 }  // namespace ronde::detail

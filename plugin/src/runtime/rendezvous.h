@@ -32,9 +32,9 @@ std::string job_key(const LaunchInfo& info, const std::string& suffix);
 // At shutdown(), where rank 0 hosts the store: every other rank says it is
 // done with the store, and then waits until rank 0's server has closed
 // its connection (wait_until_closed_by_server()); rank 0 waits until all
-// have said so (within `timeout`), and then destroys the store. So a rank that calls
-// init() again at once cannot meet the last world's server, which rank 0
-// is about to destroy, instead of the next one's.
+// have said so (within `timeout`), and then destroys the store. So a rank
+// that calls init() again at once cannot meet the last world's server,
+// which rank 0 is about to destroy, instead of the next one's.
 void leave_store(
     c10d::Store& store,
     const LaunchInfo& info,
