@@ -80,27 +80,34 @@ std::set<int> open_sockets() {
   return fds;
 }
 
-int bound_store_connections(
-    const std::set<int>& before, int port, std::chrono::milliseconds timeout) {
-  int bounded = 0;
+namespace {
+
+// This process's TCP connections to `port`: a store client's. A server in
+// this process (rank 0) listens and accepts on the port, but a connection
+// it accepted has the client's port at the other end.
+std::vector<int> connections_to(int port) {
+  std::vector<int> fds;
   for (int fd : open_sockets()) {
-    // The client's connection goes to the store's port; a server in this
-    // process (rank 0) listens and accepts on it, but a connection it
-    // accepted has the client's port at the other end.
-    if (before.count(fd) || !is_tcp_stream(fd) || peer_port(fd) != port)
-      continue;
-    bound(fd, timeout);
-    ++bounded;
+    if (is_tcp_stream(fd) && peer_port(fd) == port)
+      fds.push_back(fd);
   }
-  return bounded;
+  return fds;
+}
+
+}  // namespace
+
+void bound_store_connections(
+    const std::set<int>& before, int port, std::chrono::milliseconds timeout) {
+  for (int fd : connections_to(port)) {
+    if (!before.count(fd))
+      bound(fd, timeout);
+  }
 }
 
 void wait_until_closed_by_server(int port, std::chrono::milliseconds timeout) {
   std::vector<pollfd> open;
-  for (int fd : open_sockets()) {
-    if (is_tcp_stream(fd) && peer_port(fd) == port)
-      open.push_back(pollfd{fd, POLLRDHUP, 0});
-  }
+  for (int fd : connections_to(port))
+    open.push_back(pollfd{fd, POLLRDHUP, 0});
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!open.empty()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

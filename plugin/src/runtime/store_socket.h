@@ -21,9 +21,8 @@ std::set<int> open_sockets();
 // recv() (c10d: "Socket Timeout"), and data the store's host does not
 // acknowledge within `timeout` (a cut link) closes the connection, which
 // fails the call in flight and every later one at once; keepalive probes
-// find a cut link on an idle connection within the same bound. Returns how
-// many connections were bounded (0: none found, and nothing changed).
-int bound_store_connections(
+// find a cut link on an idle connection within the same bound.
+void bound_store_connections(
     const std::set<int>& before, int port, std::chrono::milliseconds timeout);
 
 // Returns once the server at the other end of every connection of this
