@@ -66,3 +66,27 @@ def reference(optimizer="sgd", size=2, k=1, lr=0.05, scaler=None,
         else:
             opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def run_check_worker(scenarios):
+    """The entry point of a worker whose scenarios each check on their own
+    rank and return what failed (`worker.py SCENARIO OUT_DIR`): inside
+    init() and shutdown(); the failures are printed and saved as
+    SCENARIO.rank<r>.pt for the test to read."""
+    import os
+    import sys
+    import traceback
+
+    import ronde.torch as rt
+
+    scenario, out = sys.argv[1], sys.argv[2]
+    rt.init()
+    try:
+        failures = scenarios[scenario](out)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    torch.save(failures, os.path.join(out, f"{scenario}.rank{rt.rank()}.pt"))
+    for f in failures:
+        print(f"rank {rt.rank()}: {f}", flush=True)
+    rt.shutdown()

@@ -6,13 +6,11 @@ functions of the rank).
 
     worker_autograd.py grads OUT_DIR
 """
-import os
-import sys
-import traceback
 
 import torch
 
 import ronde.torch as rt
+from common import run_check_worker
 
 D = torch.float64
 
@@ -152,21 +150,8 @@ def grads(out):
         check_case(case, n, me, failures)
     grouped(n, me, failures)
     refusals(failures)
-    torch.save(failures, os.path.join(out, f"grads.rank{me}.pt"))
-    for f in failures:
-        print(f"rank {me}: {f}", flush=True)
-
-
-def main():
-    scenario, out = sys.argv[1], sys.argv[2]
-    rt.init()
-    try:
-        {"grads": grads}[scenario](out)
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
-    rt.shutdown()
+    return failures
 
 
 if __name__ == "__main__":
-    main()
+    run_check_worker({"grads": grads})

@@ -6,14 +6,12 @@ checked on every rank against a local reference), Horovod's ValueErrors
 
     worker_horovod.py names OUT_DIR
 """
-import os
-import sys
 import time
-import traceback
 
 import torch
 
 import ronde.torch as hvd
+from common import run_check_worker
 
 
 def names(out):
@@ -106,21 +104,8 @@ def names(out):
     check(hvd.HorovodInternalError is hvd.CommError and
           issubclass(hvd.HorovodInternalError, RuntimeError),
           "HorovodInternalError is not CommError")
-    torch.save(failures, os.path.join(out, f"names.rank{me}.pt"))
-    for f in failures:
-        print(f"rank {me}: {f}", flush=True)
-
-
-def main():
-    scenario, out = sys.argv[1], sys.argv[2]
-    hvd.init()
-    try:
-        {"names": names}[scenario](out)
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
-    hvd.shutdown()
+    return failures
 
 
 if __name__ == "__main__":
-    main()
+    run_check_worker({"names": names})
