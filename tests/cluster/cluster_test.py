@@ -305,11 +305,12 @@ def case_loopback_refused(args, tag):
 
 
 def shm_segments():
-    # Jobs' segments only: the shared-memory unit tests' scratch files
-    # (ronde_test_*) come and go while ctest runs them beside this one.
+    # Jobs' segments only: the shared-memory unit tests' scratch files and
+    # directories (ronde_test_*, ronde_test.<pid>.*) come and go while
+    # ctest runs them beside this one.
     try:
         return {f for f in os.listdir("/dev/shm")
-                if f.startswith("ronde") and not f.startswith("ronde_test_")}
+                if f.startswith("ronde") and not f.startswith("ronde_test")}
     except OSError:
         return set()
 
