@@ -360,6 +360,12 @@ TEST(Collectives, OneRankAllreduceRidesItsCheck) {
   EXPECT_GT(std::atoi(r.ranks[0].output.c_str() + at + 13), 0) << r.dump();
 }
 
+TEST(Collectives, GradientsFollowHorovodsBackwardRules) {
+  // Three ranks: averages, roots and blocks that two ranks would hide.
+  JobResult r = run_job(spec("gradients", 3));
+  EXPECT_TRUE(r.all_succeeded()) << r.dump();
+}
+
 TEST(Collectives, SingleProcessNeedsNoLauncher) {
   // No launcher variables at all: world size 1, no network, same results.
   JobSpec s = spec("collectives", 1);

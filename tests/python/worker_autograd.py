@@ -1,8 +1,11 @@
 """Gradients through ronde.torch's collectives, on every rank: each rank
 backpropagates its own loss through a collective, and its input's gradient
-must equal the gradient of the sum of every rank's loss, computed in this
-one process with plain torch over every rank's input (they are known
-functions of the rank).
+must equal Horovod's: the gradient of the sum of every rank's loss,
+computed in this one process with plain torch over every rank's input
+(they are known functions of the rank), times Horovod's factor for the
+collective (1/size for broadcast and allgather, whose backward averages
+where that sum adds; size for reducescatter, whose backward scales the
+gathered gradients by it for Sum and not down for Average).
 
     worker_autograd.py grads OUT_DIR
 """
@@ -35,8 +38,9 @@ class Case:
     """`ours(x)`: this rank's output through ronde; `ref(xs, r)`: rank r's
     output from every rank's input, in plain torch."""
 
-    def __init__(self, name, ours, ref, shape=lambda r: (3, 2)):
+    def __init__(self, name, ours, ref, shape=lambda r: (3, 2), factor=1.0):
         self.name, self.ours, self.ref, self.shape = name, ours, ref, shape
+        self.factor = factor
 
 
 def cases(n):
@@ -68,17 +72,20 @@ def cases(n):
                                     compression=rt.Compression.fp16),
              lambda xs, r: sum(xs)),
         Case("broadcast root 0", lambda x: rt.broadcast(x, 0),
-             lambda xs, r: xs[0].clone()),
+             lambda xs, r: xs[0].clone(), factor=1 / n),
         Case(f"broadcast root {n - 1}", lambda x: rt.broadcast(x, n - 1),
-             lambda xs, r: xs[n - 1].clone()),
+             lambda xs, r: xs[n - 1].clone(), factor=1 / n),
         Case("allgather", lambda x: rt.allgather(x),
-             lambda xs, r: torch.cat(xs), shape=lambda r: (r + 1, 2)),
+             lambda xs, r: torch.cat(xs), shape=lambda r: (r + 1, 2),
+             factor=1 / n),
         Case("alltoall", lambda x: rt.alltoall(x, splits[rt.rank()])[0],
              alltoall_ref, shape=lambda r: (sum(splits[r]), 2)),
         Case("reducescatter Sum", lambda x: rt.reducescatter(x, op=rt.Sum),
-             reducescatter_ref(rt.Sum), shape=lambda r: (2 * n + 1, 2)),
+             reducescatter_ref(rt.Sum), shape=lambda r: (2 * n + 1, 2),
+             factor=n),
         Case("reducescatter Average", lambda x: rt.reducescatter(x),
-             reducescatter_ref(rt.Average), shape=lambda r: (2 * n + 1, 2)),
+             reducescatter_ref(rt.Average), shape=lambda r: (2 * n + 1, 2),
+             factor=n),
     ]
 
 
@@ -90,6 +97,7 @@ def check_case(case, n, me, failures):
     want = torch.autograd.grad(total, xs[me], allow_unused=True)[0]
     if want is None:  # a broadcast's input off the root
         want = torch.zeros_like(xs[me])
+    want = want * case.factor
     x = x_of(me, *case.shape(me)).requires_grad_()
     out = case.ours(x)
     if out.grad_fn is None:

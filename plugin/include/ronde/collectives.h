@@ -110,6 +110,19 @@ class Handle {
   std::shared_ptr<detail::HandleState> state_;
 };
 
+// Gradients: the blocking out-of-place forms below (allreduce, allgather,
+// broadcast, alltoall, reducescatter) are differentiable. When the input
+// requires a gradient and grad mode is on, the output's grad_fn applies
+// Horovod's backward rule: allreduce, the same all-reduce of the gradients (Product: their
+// sum times the product over the input; Min and Max refuse such an input);
+// broadcast, the gradients averaged over the set on the root and zero
+// elsewhere; allgather, the averaged gradients of this rank's rows;
+// alltoall, the gradients sent back along the received splits;
+// reducescatter (Sum, Average), an allgather of the gradients, times the
+// set's size for Sum and times the scale factors. Every rank must then
+// backpropagate through the same collectives. The asynchronous, in-place
+// and _into forms record no gradient: their outputs do not require one.
+
 // Returns a new tensor; the input is left untouched.
 Handle allreduce_async(
     const at::Tensor& tensor, const AllreduceOptions& options = {});

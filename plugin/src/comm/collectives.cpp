@@ -5,6 +5,7 @@
 // fails on every rank. ronde::join() is in comm/join.cpp.
 #include <ronde/collectives.h>
 
+#include "comm/autograd.h"
 #include "comm/collective_calls.h"
 #include "comm/collective_bodies.h"
 #include "comm/host_types.h"
@@ -13,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 namespace ronde {
@@ -52,10 +54,13 @@ std::string check_reduction(
 
 // The buffer a collective works in: in place, the caller's own storage when
 // it is contiguous; otherwise a contiguous copy (copied back afterwards when
-// in place).
+// in place). A copy records no gradient: the collective writes into it, and
+// only the blocking forms' autograd nodes (autograd.h) know its gradient.
 at::Tensor working_copy(const at::Tensor& tensor, bool in_place) {
-  return in_place && tensor.is_contiguous() ? tensor
-                                            : tensor.contiguous().clone();
+  if (in_place && tensor.is_contiguous())
+    return tensor;
+  at::NoGradGuard no_grad;
+  return tensor.contiguous().clone();
 }
 
 // What is wrong with `out` as the caller's output (the _into forms) of a
@@ -350,8 +355,10 @@ Handle reducescatter_impl(
   at::Tensor in;
   if (error.empty()) {
     in = tensor.contiguous();
-    if (o.prescale_factor() != 1.0)
-      in = in.mul(o.prescale_factor());
+    if (o.prescale_factor() != 1.0) {
+      in = in.clone();
+      scale_in_place(in, o.prescale_factor());
+    }
   }
   if (in.defined() && in.is_cpu())
     call.payload = in;
@@ -446,6 +453,8 @@ Handle allreduce_async(
 
 at::Tensor allreduce(
     const at::Tensor& tensor, const AllreduceOptions& options) {
+  if (detail::wants_grad(tensor))
+    return detail::allreduce_with_grad(tensor, options);
   return detail::allreduce_impl(tensor, options, false, kBlocking).result();
 }
 
@@ -465,6 +474,8 @@ Handle allgather_async(
 
 at::Tensor allgather(
     const at::Tensor& tensor, const CollectiveOptions& options) {
+  if (detail::wants_grad(tensor))
+    return detail::allgather_with_grad(tensor, options);
   return detail::allgather_impl(tensor, options, kBlocking).result();
 }
 
@@ -475,6 +486,8 @@ Handle broadcast_async(
 
 at::Tensor broadcast(
     const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
+  if (detail::wants_grad(tensor))
+    return detail::broadcast_with_grad(tensor, root_rank, options);
   return detail::broadcast_impl(tensor, root_rank, options, false, kBlocking)
       .result();
 }
@@ -495,6 +508,8 @@ Handle alltoall_async(
 }
 
 at::Tensor alltoall(const at::Tensor& tensor, const AlltoallOptions& options) {
+  if (detail::wants_grad(tensor))
+    return detail::alltoall_with_grad(tensor, options);
   return detail::alltoall_impl(tensor, options, kBlocking).result();
 }
 
@@ -505,6 +520,8 @@ Handle reducescatter_async(
 
 at::Tensor reducescatter(
     const at::Tensor& tensor, const ReducescatterOptions& options) {
+  if (detail::wants_grad(tensor))
+    return detail::reducescatter_with_grad(tensor, options);
   return detail::reducescatter_impl(tensor, options, kBlocking).result();
 }
 

@@ -1,18 +1,20 @@
 """Gradients through the collectives, with Horovod's backward rules: the
 output of ``allreduce``, ``broadcast``, ``allgather``, ``alltoall``,
-``reducescatter`` and ``grouped_allreduce`` carries a ``grad_fn`` when its
-input requires a gradient, so training code that backpropagates through a
-collective gets the gradient of the whole job's computation:
+``reducescatter`` and the grouped forms carries a ``grad_fn`` when its
+input requires a gradient. For allreduce and alltoall that is the gradient
+of the sum of the ranks' losses; broadcast and allgather average where that
+sum adds, and reducescatter scales by the set's size, as Horovod does:
 
 - allreduce (Sum, Average, with pre- and postscale): the same all-reduce
   of the output's gradients; Product: the summed gradients times the
-  product over this rank's input; Min and Max have no gradient and refuse
-  an input that requires one;
-- broadcast: the summed gradients on the root, zero elsewhere;
-- allgather: the summed gradients of this rank's rows;
+  product over this rank's input (Horovod reduces them with Product, which
+  is not a gradient); Min and Max have no gradient and refuse an input
+  that requires one;
+- broadcast: the averaged gradients on the root, zero elsewhere;
+- allgather: the averaged gradients of this rank's rows;
 - alltoall: an alltoall of the gradients back along the received splits;
-- reducescatter: an allgather of the parts' gradients (divided by the set's
-  size for Average, scaled as the forward was).
+- reducescatter: an allgather of the parts' gradients, times the set's
+  size for Sum, times the pre- and postscale factors.
 
 The asynchronous and in-place forms stay outside autograd, as in Horovod.
 """
@@ -39,6 +41,12 @@ def _refuse_no_gradient(op, caller):
 def _summed(grad, process_set):
     return _C.allreduce(grad.contiguous(), _ReduceOp.Sum, 1.0, 1.0, "",
                         process_set)
+
+
+def _averaged(grad, process_set):
+    """The gradients' sum over the set divided by its size (not by the
+    ranks outside a join: this is the loss's average over the set)."""
+    return _summed(grad, process_set).div_(process_set.size())
 
 
 class _Allreduce(_torch.autograd.Function):
@@ -76,7 +84,7 @@ class _Broadcast(_torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        g = _summed(grad, ctx.set)
+        g = _averaged(grad, ctx.set)
         if ctx.set.rank() != ctx.root:
             g = _torch.zeros_like(g)
         return g, None, None, None
@@ -100,7 +108,7 @@ class _Allgather(_torch.autograd.Function):
         rows = _C.allgather(_torch.tensor([ctx.rows], dtype=_torch.int64), "",
                             ctx.set, None)
         offset = int(rows[:ctx.set.rank()].sum())
-        g = _summed(grad, ctx.set).narrow(0, offset, ctx.rows)
+        g = _averaged(grad, ctx.set).narrow(0, offset, ctx.rows)
         return g, None, None
 
 
@@ -140,8 +148,8 @@ def alltoall(tensor, splits, name, process_set, out=None):
 class _Reducescatter(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, pre, post, name, process_set):
-        ctx.scale = pre * post / (
-            process_set.size() if op == _ReduceOp.Average else 1)
+        ctx.scale = pre * post * (
+            process_set.size() if op == _ReduceOp.Sum else 1)
         ctx.set = process_set
         return _C.reducescatter(tensor, op, pre, post, name, process_set,
                                 None)
