@@ -56,6 +56,20 @@ at::Tensor output_for(
   return at::empty(shape, in.options());
 }
 
+}  // namespace
+
+// Multiplies in place by `factor`; half and bfloat16 in float, rounded
+// once (a factor rounded to the tensor's precision first would be off by
+// up to an ulp, and Horovod scales them so).
+void scale_in_place(const at::Tensor& t, double factor) {
+  if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
+    t.copy_(t.to(at::kFloat).mul_(factor));
+  else
+    t.mul_(factor);
+}
+
+namespace {
+
 // After the sum: the average's division and the postscale.
 void finish_reduction(const at::Tensor& work, int n, ReduceOp op, double post) {
   // Division by one is exact: at one rank the average is the tensor itself
@@ -63,7 +77,7 @@ void finish_reduction(const at::Tensor& work, int n, ReduceOp op, double post) {
   if (op == ReduceOp::Average && n > 1)
     work.div_(n);
   if (post != 1.0)
-    work.mul_(post);
+    scale_in_place(work, post);
 }
 
 // The reduction of every rank's payload (the check's frames) into `out`
@@ -83,11 +97,12 @@ void reduce_payloads(
   if (pre != 1.0) {
     // The frames are this job's own memory.
     for (size_t r = 0; r < n; ++r) {
-      at::from_blob(
-          ex.payloads[r],
-          {static_cast<int64_t>(ex.payload_bytes[r] / elem)},
-          out.options())
-          .mul_(pre);
+      scale_in_place(
+          at::from_blob(
+              ex.payloads[r],
+              {static_cast<int64_t>(ex.payload_bytes[r] / elem)},
+              out.options()),
+          pre);
     }
   }
   if (count < 0)
@@ -142,11 +157,13 @@ void allreduce_work(
     reduce_payloads(ex, work, op, pre);
   } else {
     if (pre != 1.0)
-      work.mul_(pre);
+      scale_in_place(work, pre);
     guarded(comm, c, [&] {
       // A sum's postscale taken by the backend saves a pass over memory
       // (the engine's 1/n on every bucket); an average divides after.
       if (op != ReduceOp::Average && post != 1.0 &&
+          work.scalar_type() != at::kHalf &&
+          work.scalar_type() != at::kBFloat16 &&
           comm.allreduce_scaled(work, backend_op(op), post)) {
         post = 1.0;
       } else {
