@@ -20,6 +20,10 @@ namespace {
 
 // ronde.torch.CommError, a RuntimeError carrying CommError's fields.
 PyObject* comm_error_type = nullptr;
+// ronde.torch.InvalidArgumentError: c10::ValueError (a call every rank
+// rejected for its arguments), a ValueError as Horovod raises and a
+// RuntimeError as ronde raised before.
+PyObject* invalid_argument_type = nullptr;
 
 void raise_comm_error(const CommError& e) {
   py::gil_scoped_acquire gil;
@@ -47,7 +51,7 @@ void translate_exceptions(std::exception_ptr p) {
   } catch (const c10::IndexError& e) {
     PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
   } catch (const c10::ValueError& e) {
-    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    PyErr_SetString(invalid_argument_type, e.what_without_backtrace());
   } catch (const c10::TypeError& e) {
     PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
   } catch (const c10::NotImplementedError& e) {
@@ -63,6 +67,11 @@ void bind_runtime(py::module_& m) {
   comm_error_type =
       PyErr_NewException("ronde.torch.CommError", PyExc_RuntimeError, nullptr);
   m.attr("CommError") = py::handle(comm_error_type);
+  py::tuple bases = py::make_tuple(
+      py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError));
+  invalid_argument_type = PyErr_NewException(
+      "ronde.torch.InvalidArgumentError", bases.ptr(), nullptr);
+  m.attr("InvalidArgumentError") = py::handle(invalid_argument_type);
   // Module-local: it serves every binding of this extension, whichever
   // file defines it, and no other extension's.
   py::register_local_exception_translator(translate_exceptions);

@@ -326,10 +326,15 @@ void encode_frame(
 FrameHeader decode_frame_header(const uint8_t* frame, int rank) {
   FrameHeader head;
   std::memcpy(&head, frame, sizeof(head));
-  TORCH_INTERNAL_ASSERT(
+  // Not a frame: the ranks are out of step (a rank left this job for a new
+  // one while the others still run collectives in it).
+  TORCH_CHECK(
       head.magic == kDescriptorMagic,
-      "ronde: corrupt collective frame from rank ",
-      rank);
+      "ronde: rank ",
+      rank,
+      " sent something other than a collective's frame: the ranks are out ",
+      "of step (did it leave this job, or init() a new one, while the ",
+      "others still run collectives here?)");
   return head;
 }
 
@@ -363,7 +368,9 @@ void check_descriptors(const std::vector<Descriptor>& all, int me) {
     }
   }
   const Descriptor& mine = all[static_cast<size_t>(me)];
-  TORCH_CHECK(
+  // A bad argument (c10::ValueError, a c10::Error): Python's ValueError,
+  // as Horovod raises for bad splits, roots and scale factors.
+  TORCH_CHECK_VALUE(
       false,
       "ronde: ",
       to_string(static_cast<OpKind>(mine.kind)),
