@@ -46,3 +46,12 @@ def test_init_again_right_after_shutdown_with_fixed_variables(ranks):
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
     check_cycles(ranks, 2)
+
+
+def test_init_on_a_job_a_failure_broke_starts_a_new_one(ranks):
+    # Rank 1 comes to the all-reduce 2 s after the others' 3 s timeout:
+    # every rank's communicator fails; each rank's init() then starts a new
+    # job, as shutdown() and init() would, in which the same call succeeds.
+    ranks.run("broken", np=2, launcher_args=("--timeout", "3"), worker=WORKER)
+    for r in range(2):
+        assert "allreduce" in ranks.load("broken", r)["failed"]

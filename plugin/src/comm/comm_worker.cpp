@@ -326,6 +326,7 @@ void CommWorker::run_job(JobRef job, HandleState& state) {
           e.suspect_ranks(),
           e.backend(),
           std::string("unusable after an earlier failure: ") + e.what()));
+      failed_.store(true, std::memory_order_release);
     }
     error = std::current_exception();
   } catch (...) {

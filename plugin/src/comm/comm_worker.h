@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -125,6 +126,12 @@ class CommWorker {
   // What the worker has done, for the stall inspector.
   WorkProgress progress() const;
 
+  // Whether a peer failure broke the communicator (every later collective
+  // fails at once); readable from any thread.
+  bool failed() const {
+    return failed_.load(std::memory_order_acquire);
+  }
+
   // Called by a thread about to wait on `state`: while its job is queued
   // and nothing runs, this thread runs the queued jobs, in order, up to and
   // including that one, instead of waiting for the worker thread to wake
@@ -169,6 +176,7 @@ class CommWorker {
   // Touched only by whoever holds busy_: after a peer failure every later
   // collective fails at once with the first error.
   std::exception_ptr broken_;
+  std::atomic<bool> failed_{false};  // broken_ is set
   mutable std::mutex progress_mutex_;
   WorkProgress progress_;  // guarded by progress_mutex_
   std::thread thread_;

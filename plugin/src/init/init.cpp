@@ -279,9 +279,36 @@ void init_locked(
 
 }  // namespace detail
 
+namespace detail {
+
+void shutdown_job(bool restarting);
+
+// Whether the running job's global communicator was broken by a failure
+// (a peer died or was cut off). Under g_init_mutex.
+bool job_broken() {
+  if (g_runtime == nullptr)
+    return false;
+  World& w = world("init");
+  return w.global && w.global->worker && w.global->worker->failed();
+}
+
+}  // namespace detail
+
 void init(const InitOptions& options) {
   {
-    std::lock_guard<std::mutex> lock(detail::g_init_mutex);
+    std::unique_lock<std::mutex> lock(detail::g_init_mutex);
+    if (detail::job_broken()) {
+      // A job a failure broke starts anew, as shutdown() then init() would
+      // (what Horovod's scripts do after a HorovodInternalError): the
+      // other ranks meet this one in the next job once they do the same.
+      std::cerr << "ronde: warning: rank " << detail::g_runtime->info.rank
+                << ": init() on a job broken by an earlier failure starts "
+                   "a new one"
+                << std::endl;
+      lock.unlock();
+      detail::shutdown_job(/*restarting=*/true);
+      lock.lock();
+    }
     if (detail::g_runtime != nullptr)
       return;
     detail::init_locked(options);
@@ -383,7 +410,11 @@ bool attach_to_store(
 
 }  // namespace detail
 
-void shutdown() {
+namespace detail {
+
+// shutdown(); `restarting`: init() on a broken job, whose ranks are about
+// to meet again at the same store address (see below).
+void shutdown_job(bool restarting) {
   std::lock_guard<std::mutex> lock(detail::g_init_mutex);
   if (detail::g_runtime == nullptr)
     return;
@@ -417,8 +448,19 @@ void shutdown() {
     detail::leave_store(*rt->store, rt->info, rt->timeout);
     if (rt->info.rank != 0)
       detail::wait_until_closed_by_server(rt->info.port, rt->timeout);
+  } else if (restarting && rt->rank0_hosts_store && rt->store &&
+             rt->info.rank != 0) {
+    // Rank 0 takes its old store down when it restarts too (at once if it
+    // is gone): connecting before then would meet that store.
+    detail::wait_until_closed_by_server(rt->info.port, rt->timeout);
   }
   detail::release(*rt);
+}
+
+}  // namespace detail
+
+void shutdown() {
+  detail::shutdown_job(/*restarting=*/false);
 }
 
 bool is_initialized() {
