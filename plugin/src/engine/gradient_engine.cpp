@@ -245,7 +245,9 @@ void GradientEngine::pack(size_t bi) {
     if (grad.is_same(s.view))
       continue;
     dst.push_back(s.view);
-    src.push_back(grad);
+    // A sparse gradient (a sparse embedding's) is reduced dense; the
+    // parameter's .grad becomes dense too, where it is unpacked.
+    src.push_back(grad.is_sparse() ? grad.to_dense() : grad);
     moved.push_back(&s);
   }
   if (!dst.empty())
@@ -423,7 +425,7 @@ void GradientEngine::unpack() {
       if (options_.gradient_as_bucket_view()) {
         if (!grad.defined() || !grad.is_same(s.view))
           grad = s.view;
-      } else if (grad.defined()) {
+      } else if (grad.defined() && !grad.is_sparse()) {
         bucket_dst.push_back(grad);
         bucket_src.push_back(s.view);
       } else {
