@@ -22,7 +22,13 @@ void bind_process_sets(py::module_& m) {
       .def_property_readonly("ranks", &ProcessSet::ranks)
       .def("included", &ProcessSet::included)
       .def("rank", &ProcessSet::rank)
-      .def("size", &ProcessSet::size)
+      // Horovod's size() answers on ranks outside the set too.
+      .def(
+          "size",
+          [](const ProcessSet& s) {
+            return s.is_global() ? s.size()
+                                 : static_cast<int>(s.ranks().size());
+          })
       .def("is_global", &ProcessSet::is_global)
       .def(py::self == py::self)
       .def(py::self != py::self)

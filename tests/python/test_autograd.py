@@ -26,3 +26,10 @@ def test_horovod_compression_grouped_collectives_and_internal_error(ranks):
     for r in range(2):
         failures = ranks.load("names", r)
         assert not failures, f"rank {r}:\n" + "\n".join(failures)
+
+
+def test_horovod_arithmetic_process_sets_sparse_and_optimizer(ranks):
+    ranks.run("semantics", np=3, worker=HOROVOD_WORKER)
+    for r in range(3):
+        failures = ranks.load("semantics", r)
+        assert not failures, f"rank {r}:\n" + "\n".join(failures)

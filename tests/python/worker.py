@@ -246,7 +246,8 @@ def process_sets(out):
     t = torch.full((3,), float(r + 1))
     res["allreduce"] = rt.allreduce(t, op=rt.Sum, process_set=mine)
     res["allgather"] = rt.allgather(torch.tensor([r]), process_set=mine)
-    res["broadcast"] = rt.broadcast(torch.tensor([float(r)]), 1,
+    # Roots are global ranks, as in Horovod: the set's second member.
+    res["broadcast"] = rt.broadcast(torch.tensor([float(r)]), mine.ranks[1],
                                     process_set=mine)
     res["alltoall"] = rt.alltoall(torch.arange(2.0) + 10 * r,
                                   process_set=mine)
@@ -256,7 +257,8 @@ def process_sets(out):
     rt.barrier()
     res["async"] = h.result()
     rt.barrier(process_set=mine)
-    res["object"] = rt.broadcast_object({"from": r}, root_rank=1,
+    res["object"] = rt.broadcast_object({"from": r},
+                                        root_rank=mine.ranks[1],
                                         process_set=mine)
     try:
         rt.allreduce(t, process_set=other)
@@ -268,12 +270,13 @@ def process_sets(out):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
-    rt.broadcast_parameters(model.state_dict(), root_rank=0,
+    rt.broadcast_parameters(model.state_dict(), root_rank=mine.ranks[0],
                             process_set=mine)
     opt = rt.DistributedOptimizer(
         make_optimizer("sgd", model.parameters(), 0.05),
         named_parameters=model.named_parameters(), process_set=mine)
-    rt.broadcast_optimizer_state(opt, root_rank=0, process_set=mine)
+    rt.broadcast_optimizer_state(opt, root_rank=mine.ranks[0],
+                                 process_set=mine)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(step, 0, mine.rank(), mine.size(), 1)

@@ -19,7 +19,6 @@ gradient buckets all-reduced during backward) driving any
 Import torch first (``import ronde.torch`` does it): LibTorch must be loaded
 before libronde, which then keeps its own Gloo apart from LibTorch's.
 """
-import contextlib as _contextlib
 import io as _io
 
 import torch as _torch
@@ -58,6 +57,7 @@ from ._C import (  # noqa: F401,E402  (re-exported)
     DecayShape,
     GradientReducer,
     Handle,
+    InvalidArgumentError,
     LrScaling,
     ProcessSet,
     ReduceOp,
@@ -130,20 +130,23 @@ def broadcast_parameters(params, root_rank, process_set=None):
     into one broadcast per dtype. ``params``: ``model.state_dict()`` (buffers
     included), ``model.named_parameters()`` or any (name, tensor) pairs;
     names must agree across ranks. With ``process_set``, among its ranks
-    (``root_rank`` numbered within the set)."""
+    (``root_rank`` is a global rank, as in Horovod)."""
     names, tensors = _named_tensors(params)
+    ps = _set_or_global(process_set)
     with _torch.no_grad():
-        _C.broadcast_parameters(names, tensors, root_rank,
-                                process_set=_set_or_global(process_set))
+        _C.broadcast_parameters(
+            names, tensors, _root(root_rank, ps, "broadcast_parameters"),
+            process_set=ps)
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """Returns root_rank's ``obj`` on every rank (through torch.save); with
-    ``process_set``, on every rank of that set (``root_rank`` within it)."""
+    ``process_set``, on every rank of that set (``root_rank`` is a global
+    rank, as in Horovod)."""
     name = name or "ronde.broadcast_object"
     ps = _set_or_global(process_set)
-    me = ps.rank()
-    if me == root_rank:
+    _root(root_rank, ps, "broadcast_object")
+    if _C.rank() == root_rank:
         buf = _io.BytesIO()
         _torch.save(obj, buf)
         data = _torch.frombuffer(bytearray(buf.getvalue()), dtype=_torch.uint8)
@@ -151,10 +154,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     else:
         length = _torch.zeros(1, dtype=_torch.int64)
     length = broadcast(length, root_rank, name=name + ".size", process_set=ps)
-    if me != root_rank:
+    if _C.rank() != root_rank:
         data = _torch.empty(int(length.item()), dtype=_torch.uint8)
     data = broadcast(data, root_rank, name=name, process_set=ps)
-    if me == root_rank:
+    if _C.rank() == root_rank:
         return obj
     return _torch.load(_io.BytesIO(data.numpy().tobytes()), weights_only=False)
 
@@ -163,11 +166,25 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     """Makes every rank's optimizer state and param-group options (LRs
     included) root_rank's, through ``state_dict()``: works for any
     ``torch.optim.Optimizer``, wrapped or not. ``process_set`` as for
-    broadcast_parameters."""
+    broadcast_parameters.
+
+    Each parameter that requires a gradient and has none is left with a
+    zero ``.grad``, as Horovod leaves it. Horovod also takes a step on those
+    zero gradients to create the state it then broadcasts tensor by tensor;
+    ronde broadcasts ``state_dict()`` whole and takes no such step, which
+    would count an Adam step (shifting its bias correction) and decay
+    AdamW's weights."""
     ps = _set_or_global(process_set)
+    sparse = isinstance(optimizer, _torch.optim.SparseAdam)
+    for group in ([] if getattr(optimizer, "_ronde_sharded", False)
+                  else optimizer.param_groups):
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zero = _torch.zeros_like(p)
+                p.grad = zero.to_sparse() if sparse else zero
     state = broadcast_object(optimizer.state_dict(), root_rank,
                              name="ronde.optimizer_state", process_set=ps)
-    if ps.rank() != root_rank:
+    if _C.rank() != root_rank:
         optimizer.load_state_dict(state)
 
 
@@ -175,12 +192,16 @@ def join(device=-1, process_set=None):
     """Horovod's ``hvd.join(device=-1)``: this rank has run out of data.
     Until every rank of the set has called it, it takes part in the others'
     collectives with inputs that change nothing (zeros in their gradient
-    all-reduces); returns the (set) rank that joined last. See ``Join``.
+    all-reduces); returns the rank that joined last. See ``Join``.
     ``device`` is Horovod's (where its zeros live); ronde makes them where
-    each collective's tensors are, and takes a ProcessSet in its place."""
+    each collective's tensors are, and takes a ProcessSet in its place.
+    The rank returned is a global rank, as in Horovod (so that it can be
+    the root_rank of a broadcast)."""
     if isinstance(device, _C.ProcessSet):
         device, process_set = -1, device
-    return _C.join(process_set=_set_or_global(process_set))
+    ps = _set_or_global(process_set)
+    last = _C.join(process_set=ps)
+    return last if ps.is_global() else ps.ranks[last]
 
 
 class Join:
@@ -189,7 +210,7 @@ class Join:
     ``with rt.Join():``; a rank whose loop ends waits at the exit, taking
     part meanwhile in the others' gradient all-reduces (and their other
     collectives) with inputs that change nothing, until every rank got
-    there. Afterwards ``last_rank`` is the (set) rank that joined last, the
+    there. Afterwards ``last_rank`` is the (global) rank that joined last, the
     one whose model saw every step::
 
         with rt.Join(opt) as j:
@@ -240,6 +261,7 @@ from ._zero import (  # noqa: E402,F401
 # Horovod's spellings (average=, compression=, tensor splits, grouped and
 # object collectives, capability queries) over the calls above.
 from ._horovod import (  # noqa: E402,F401
+    Adasum,
     HorovodInternalError,
     allgather,
     allgather_async,
@@ -270,7 +292,9 @@ from ._horovod import (  # noqa: E402,F401
     reducescatter,
     reducescatter_async,
     rocm_built,
+    sparse_allreduce_async,
 )
+from ._horovod import _root  # noqa: E402
 from ._sync_batch_norm import SyncBatchNorm  # noqa: E402,F401
 from . import elastic  # noqa: E402,F401  (hvd.elastic.run, TorchState, ...)
 

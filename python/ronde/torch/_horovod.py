@@ -12,6 +12,13 @@ import torch as _torch
 
 from . import _C
 from . import _autograd
+from ._horovod_arithmetic import (  # noqa: F401  (Adasum, _root re-exported)
+    Adasum,
+    _Finished,
+    _horovod_scaling,
+    _refuse_adasum,
+    _root,
+)
 
 _ReduceOp = _C.ReduceOp
 
@@ -68,20 +75,37 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     ``compression`` (``Compression.fp16``/``bf16``: sent as that type),
     ``prescale_factor``, ``postscale_factor``, ``process_set``."""
     op = _resolve_op(average, op, "allreduce")
+    ps = _set(process_set)
     wire = _Wire(compression, tensor)
-    out = _autograd.allreduce(wire.down(tensor), op, prescale_factor,
-                              postscale_factor, name or "", _set(process_set))
-    return wire.up(out)
+    sent, op, pre, post, finish = _horovod_scaling(
+        wire.down(tensor), op, prescale_factor, postscale_factor, ps,
+        "allreduce")
+    out = _autograd.allreduce(sent, op, pre, post, name or "", ps)
+    return wire.up(out if finish is None else finish(out))
 
 
-def _with_op(fn, caller, doc):
+def _with_op(fn, caller, doc, in_place, asynchronous):
     """A binding taking (tensor, op, prescale, postscale, name, set) with
-    Horovod's keywords."""
+    Horovod's keywords and arithmetic (see _horovod_scaling)."""
 
     def call(tensor, average=None, name=None, op=None, prescale_factor=1.0,
              postscale_factor=1.0, process_set=None):
-        return fn(tensor, _resolve_op(average, op, caller), prescale_factor,
-                  postscale_factor, name or "", _set(process_set))
+        ps = _set(process_set)
+        sent, op2, pre, post, finish = _horovod_scaling(
+            tensor, _resolve_op(average, op, caller), prescale_factor,
+            postscale_factor, ps, caller)
+        got = fn(sent, op2, pre, post, name or "", ps)
+        if finish is None:
+            return got
+
+        def complete(out):
+            out = finish(out)
+            if in_place:
+                tensor.copy_(out)
+                return tensor
+            return out
+
+        return _Finished(got, complete) if asynchronous else complete(got)
 
     call.__name__ = call.__qualname__ = caller
     call.__doc__ = doc
@@ -89,7 +113,7 @@ def _with_op(fn, caller, doc):
 
 
 allreduce_ = _with_op(_C.allreduce_, "allreduce_",
-                      "allreduce in place; returns ``tensor``.")
+                      "allreduce in place; returns ``tensor``.", True, False)
 # The handles of this process's asynchronous collectives by name, while
 # they run: Horovod refuses a second one of a name still in flight
 # (ValueError), since its names key the ranks' negotiation.
@@ -121,9 +145,10 @@ def _unique_name(fn, at):
 
 
 allreduce_async = _with_op(_C.allreduce_async, "allreduce_async",
-                           "allreduce, returning a handle.")
+                           "allreduce, returning a handle.", False, True)
 allreduce_async_ = _with_op(_C.allreduce_async_, "allreduce_async_",
-                            "allreduce in place, returning a handle.")
+                            "allreduce in place, returning a handle.", True,
+                            True)
 allreduce_async = _unique_name(allreduce_async, 2)
 allreduce_async_ = _unique_name(allreduce_async_, 2)
 
@@ -149,9 +174,24 @@ def allgather(tensor, name=None, process_set=None, out=None):
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
-    """``root_rank``'s tensor, as a new tensor (differentiable)."""
-    return _autograd.broadcast(tensor, root_rank, name or "",
-                               _set(process_set))
+    """``root_rank``'s tensor, as a new tensor (differentiable).
+    ``root_rank`` is a global rank, on a process set too (Horovod's)."""
+    ps = _set(process_set)
+    return _autograd.broadcast(tensor, _root(root_rank, ps, "broadcast"),
+                               name or "", ps)
+
+
+def _broadcast_form(fn, caller, doc):
+    """A broadcast binding with Horovod's ``name=None``, ``process_set=None``
+    and global ``root_rank``."""
+
+    def call(tensor, root_rank, name=None, process_set=None):
+        ps = _set(process_set)
+        return fn(tensor, _root(root_rank, ps, caller), name or "", ps)
+
+    call.__name__ = call.__qualname__ = caller
+    call.__doc__ = doc
+    return call
 
 
 def reducescatter(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
@@ -159,17 +199,53 @@ def reducescatter(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
                   out=None):
     """The reduction's part of this rank (differentiable for Sum and
     Average)."""
-    return _autograd.reducescatter(tensor, op, prescale_factor,
-                                   postscale_factor, name or "",
-                                   _set(process_set), out)
+    ps = _set(process_set)
+    sent, op, pre, post, finish = _horovod_scaling(
+        tensor, op, prescale_factor, postscale_factor, ps, "reducescatter")
+    if finish is None:
+        return _autograd.reducescatter(sent, op, pre, post, name or "", ps,
+                                       out)
+    got = finish(_autograd.reducescatter(sent, op, pre, post, name or "", ps,
+                                         None))
+    if out is None:
+        return got
+    out.copy_(got)
+    return out
 
 
 allgather_async = _unique_name(_none_means_default(_C.allgather_async), 1)
-broadcast_ = _none_means_default(_C.broadcast_)
-broadcast_async = _unique_name(_none_means_default(_C.broadcast_async), 2)
-broadcast_async_ = _unique_name(_none_means_default(_C.broadcast_async_), 2)
-reducescatter_async = _unique_name(
-    _none_means_default(_C.reducescatter_async), 4)
+broadcast_ = _broadcast_form(_C.broadcast_, "broadcast_",
+                             "broadcast in place; returns ``tensor``.")
+broadcast_async = _unique_name(_broadcast_form(
+    _C.broadcast_async, "broadcast_async",
+    "broadcast, returning a handle."), 2)
+broadcast_async_ = _unique_name(_broadcast_form(
+    _C.broadcast_async_, "broadcast_async_",
+    "broadcast in place, returning a handle."), 2)
+
+
+@_functools.partial(_unique_name, at=4)
+def reducescatter_async(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
+                        postscale_factor=1.0, name=None, process_set=None,
+                        out=None):
+    """reducescatter, returning a handle."""
+    ps = _set(process_set)
+    sent, op, pre, post, finish = _horovod_scaling(
+        tensor, op, prescale_factor, postscale_factor, ps,
+        "reducescatter_async")
+    if finish is None:
+        return _C.reducescatter_async(sent, op, pre, post, name or "", ps,
+                                      out)
+
+    def complete(got):
+        got = finish(got)
+        if out is not None:
+            out.copy_(got)
+            return out
+        return got
+
+    return _Finished(_C.reducescatter_async(sent, op, pre, post, name or "",
+                                            ps, None), complete)
 
 
 class _SplitsError(TypeError, ValueError):
@@ -234,7 +310,11 @@ def _grouped(tensors, op, name, prescale, postscale, process_set, out):
     for g, idx in enumerate(groups.values()):
         flat = _torch.cat([tensors[i].detach().reshape(-1) for i in idx])
         label = (name or "grouped_allreduce") + (f".{g}" if g else "")
-        _C.allreduce_(flat, op, prescale, postscale, label, process_set)
+        flat, op2, pre, post, finish = _horovod_scaling(
+            flat, op, prescale, postscale, process_set, "grouped_allreduce")
+        _C.allreduce_(flat, op2, pre, post, label, process_set)
+        if finish is not None:
+            flat = finish(flat)
         at = 0
         for i in idx:
             n = tensors[i].numel()
@@ -394,3 +474,34 @@ def grouped_reducescatter(tensors, name=None, compression=None, op=None,
                              f"{name}.{i}" if name else None, process_set)
         out.append(wire.up(part))
     return out
+
+
+def sparse_allreduce_async(tensor, name=None, op=None, process_set=None):
+    """Horovod's all-reduce of a sparse COO tensor: every rank's indices and
+    values are all-gathered (two collectives), and ``synchronize(handle)``
+    returns their sum (Average: divided by the set's size) as a coalesced
+    sparse tensor of ``tensor``'s shape."""
+    op = _ReduceOp.Average if op is None else op
+    _refuse_adasum(op, "sparse_allreduce_async")
+    if op not in (_ReduceOp.Sum, _ReduceOp.Average):
+        raise ValueError(f"ronde: sparse_allreduce_async: op {op.name} is "
+                         "not supported (Sum or Average)")
+    if not tensor.is_sparse:
+        raise ValueError("ronde: sparse_allreduce_async needs a sparse COO "
+                         f"tensor, got layout {tensor.layout}")
+    ps = _set(process_set)
+    t = tensor.coalesce()
+    values = allgather_async(t.values().contiguous(),
+                             name=f"{name}.values" if name else None,
+                             process_set=ps)
+    indices = allgather_async(t.indices().t().contiguous(),
+                              name=f"{name}.indices" if name else None,
+                              process_set=ps)
+
+    def complete(gathered):
+        if op == _ReduceOp.Average:
+            gathered = gathered / ps.size()
+        return _torch.sparse_coo_tensor(indices.result().t(), gathered,
+                                        t.size()).coalesce()
+
+    return _Finished(values, complete, indices)

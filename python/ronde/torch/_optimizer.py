@@ -1,5 +1,6 @@
 """DistributedOptimizer, GradScaler and WarmupScheduler for torch.optim."""
 import contextlib
+import warnings
 
 import torch
 
@@ -14,7 +15,8 @@ class _DistributedOptimizer:
     def synchronize(self):
         """Waits for every bucket's all-reduce and writes the averaged
         gradients into ``.grad``: call it to touch gradients before step()
-        (clipping, unscaling); step() then does not reduce again."""
+        (clipping, unscaling), and step inside skip_synchronize(); a plain
+        step() does not reduce again either, but warns as Horovod's does."""
         self._ronde_reducer.synchronize()
 
     @contextlib.contextmanager
@@ -32,6 +34,18 @@ class _DistributedOptimizer:
         # optimizer's own step, then end the step; with a closure (LBFGS),
         # each evaluation synchronised and its loss averaged over ranks.
         base_step = super().step
+        if self._ronde_should_synchronize and \
+                self._ronde_reducer.synchronized():
+            # Horovod's warning, word for word: scripts and tests look for it.
+            warnings.warn(
+                "optimizer.step() called without "
+                "optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(). This can cause training slowdown. "
+                "You may want to consider using "
+                "optimizer.skip_synchronize() context if you use "
+                "optimizer.synchronize() in your code.")
+        if self._ronde_sparse:
+            base_step = _sparse_step(self, base_step)
         if self._ronde_sharded:
             self._ronde_consolidated = None
         out = self._ronde_reducer.step(
@@ -133,6 +147,56 @@ class _DistributedOptimizer:
         return [g["ronde_base_lr"] for g in self.param_groups]
 
 
+def _note_sparse(optimizer):
+    """The parameters whose gradients come sparse (nn.Embedding(sparse=True)):
+    the engine reduces them dense in the fused buckets, and the optimizer
+    steps on them sparse again (Horovod's sparse_as_dense; SparseAdam needs
+    sparse gradients)."""
+    sparse = set()
+
+    def hook_for(p):
+        def note(grad):
+            if grad.is_sparse:
+                sparse.add(p)
+        return note
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.register_hook(hook_for(p))
+    return sparse
+
+
+def _sparse_step(optimizer, base_step):
+    """``base_step`` with the gradients that came sparse made sparse for
+    it, and dense again (the engine's) afterwards."""
+
+    def step(closure=None):
+        swapped = [(p, p.grad) for p in optimizer._ronde_sparse
+                   if p.grad is not None and not p.grad.is_sparse]
+        for p, dense in swapped:
+            p.grad = dense.to_sparse()
+        try:
+            return base_step(closure) if closure is not None else base_step()
+        finally:
+            for p, dense in swapped:
+                p.grad = dense
+
+    return step
+
+
+class _LocalOptimizer:
+    """Horovod's DistributedOptimizer on a rank outside its process set: the
+    wrapped optimizer, stepping on this rank's own gradients."""
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+
 def _scale_lrs(optimizer, ratio):
     for group in optimizer.param_groups:
         if isinstance(group["lr"], torch.Tensor):
@@ -217,7 +281,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
                          rebuild_buckets=True, autotune=False,
                          process_set=None, divide_by_set_size=False,
                          shard_optimizer_state=False, shard_gradients=False,
-                         comm_hook=None):
+                         comm_hook=None, sparse_as_dense=False):
     """Makes ``optimizer`` (any ``torch.optim.Optimizer``) step on gradients
     averaged over all ranks, and returns it.
 
@@ -259,6 +323,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     ``CommBucket``. A Python hook runs on the communication thread and takes
     the GIL for each bucket. state_dict() keeps this rank's hook state
     (PowerSGD's) under "ronde_comm_hook_state".
+
+    Sparse gradients (``nn.Embedding(sparse=True)``) are reduced dense in
+    the fused buckets, and the optimizer steps on them sparse again, with
+    ``sparse_as_dense`` or not (Horovod all-gathers them without it: the
+    same values, sent as indices and rows). On a rank outside
+    ``process_set`` the optimizer steps on its own gradients, as in
+    Horovod.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("ronde: DistributedOptimizer needs a "
@@ -268,6 +339,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     lr_scaling = _parse_enum(_C.LrScaling, lr_scaling, "lr_scaling")
     if isinstance(op, str):
         op = _C.ReduceOp.__members__[op.capitalize()]
+    if not isinstance(op, _C.ReduceOp):
+        raise NotImplementedError(
+            f"ronde: DistributedOptimizer: op={op!r} is not implemented "
+            "(Adasum needs MPI in Horovod); use Average or Sum")
     if "step" in optimizer.__dict__:
         # An LR scheduler made before wrapping patched the bound step():
         # that copy would step without averaging.
@@ -287,9 +362,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     # Horovod's errors for these are ValueErrors; scripts catch them so.
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
+        where = f" on rank {_C.rank()}" if _C.is_initialized() else ""
         raise ValueError(
-            f"ronde: DistributedOptimizer on rank {_C.rank()}: parameter "
-            f"names must be unique; repeated: {', '.join(repeated[:5])}")
+            f"ronde: DistributedOptimizer{where}: parameter names must be "
+            f"unique; repeated: {', '.join(repeated[:5])}")
     try:
         _C._check_optimizer_parameters(
             params, [list(g["params"]) for g in optimizer.param_groups])
@@ -303,6 +379,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
         base = type(optimizer)
     if process_set is None:
         process_set = _C.global_process_set()
+    if not process_set.included():
+        optimizer.__class__ = type(base.__name__, (_LocalOptimizer, base), {})
+        optimizer._ronde_base_class = base
+        optimizer._ronde_process_set = process_set
+        optimizer._parameter_names = dict(zip(params, names))
+        return optimizer
     sharded = bool(shard_optimizer_state or shard_gradients)
     if sharded:
         _zero.check_elementwise(optimizer)
@@ -341,6 +423,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer._ronde_lr_scaling = lr_scaling
     optimizer._ronde_backward_passes = backward_passes_per_step
     optimizer._ronde_sharded = sharded
+    optimizer._ronde_sparse = set() if sharded else _note_sparse(optimizer)
+    # Horovod's attribute, which scripts read: each parameter's name.
+    optimizer._parameter_names = dict(zip(params, names))
     # The Python object of a hook written in Python lives as long as the
     # optimizer that calls it.
     optimizer._ronde_comm_hook = hook
