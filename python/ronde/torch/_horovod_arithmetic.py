@@ -1,7 +1,8 @@
 """Horovod's arithmetic and numbering over ronde's collectives, for the
-Horovod spellings in _horovod.py: Average as a sum times 1/size, integer
-tensors scaled in float64 and truncated, global root ranks on process
-sets, Adasum's refusal, and handles that finish a result in Python."""
+Horovod spellings in _horovod.py: Average as a sum divided by the size,
+integer tensors scaled in float64 and truncated, global root ranks on
+process sets, Adasum's refusal, and handles that finish a result in
+Python."""
 from . import _C
 
 _ReduceOp = _C.ReduceOp
