@@ -43,7 +43,15 @@ at::Tensor averaged(const at::Tensor& grad, const ProcessSet& set) {
       .div_(set.size());
 }
 
-// Hangs `node` on `out` as the gradient function of a collective on `in`.
+// The collective itself, recording no gradient (its Node is hung by hand;
+// with grad mode on, the call would come back here).
+template <typename Collective>
+at::Tensor without_grad(Collective&& collective) {
+  at::NoGradGuard no_grad;
+  return collective();
+}
+
+// Hangs `fn` on `out` as the gradient function of a collective on `in`.
 at::Tensor attach(
     at::Tensor out, const at::Tensor& in, c10::intrusive_ptr<Node> fn) {
   fn->set_next_edges(torch::autograd::collect_next_edges(in));
@@ -156,11 +164,8 @@ struct ReducescatterBackward : CollectiveBackward {
 at::Tensor allreduce_with_grad(
     const at::Tensor& tensor, const AllreduceOptions& options) {
   refuse_no_gradient(options.op(), "allreduce");
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = ronde::allreduce(tensor, options);
-  }
+  at::Tensor out =
+      without_grad([&] { return ronde::allreduce(tensor, options); });
   auto node = c10::make_intrusive<AllreduceBackward>();
   node->options = options;
   node->options.name("");
@@ -173,11 +178,8 @@ at::Tensor allreduce_with_grad(
 
 at::Tensor broadcast_with_grad(
     const at::Tensor& tensor, int root_rank, const CollectiveOptions& options) {
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = ronde::broadcast(tensor, root_rank, options);
-  }
+  at::Tensor out = without_grad(
+      [&] { return ronde::broadcast(tensor, root_rank, options); });
   auto node = c10::make_intrusive<BroadcastBackward>();
   node->root = root_rank;
   node->set = options.process_set();
@@ -186,11 +188,8 @@ at::Tensor broadcast_with_grad(
 
 at::Tensor allgather_with_grad(
     const at::Tensor& tensor, const CollectiveOptions& options) {
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = ronde::allgather(tensor, options);
-  }
+  at::Tensor out =
+      without_grad([&] { return ronde::allgather(tensor, options); });
   auto node = c10::make_intrusive<AllgatherBackward>();
   node->set = options.process_set();
   node->shape = tensor.sizes().vec();
@@ -199,12 +198,8 @@ at::Tensor allgather_with_grad(
 
 at::Tensor alltoall_with_grad(
     const at::Tensor& tensor, const AlltoallOptions& options) {
-  Handle handle;
-  {
-    at::NoGradGuard no_grad;
-    handle = ronde::alltoall_async(tensor, options);
-    handle.wait();
-  }
+  // The asynchronous form records no gradient and gives the splits.
+  const Handle handle = ronde::alltoall_async(tensor, options);
   auto node = c10::make_intrusive<AlltoallBackward>();
   node->set = options.process_set();
   node->received = handle.received_splits();
@@ -214,11 +209,8 @@ at::Tensor alltoall_with_grad(
 at::Tensor reducescatter_with_grad(
     const at::Tensor& tensor, const ReducescatterOptions& options) {
   refuse_no_gradient(options.op(), "reducescatter");
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = ronde::reducescatter(tensor, options);
-  }
+  at::Tensor out =
+      without_grad([&] { return ronde::reducescatter(tensor, options); });
   auto node = c10::make_intrusive<ReducescatterBackward>();
   node->set = options.process_set();
   node->scale = options.prescale_factor() * options.postscale_factor() *

@@ -80,8 +80,23 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None,
     sent, op, pre, post, finish = _horovod_scaling(
         wire.down(tensor), op, prescale_factor, postscale_factor, ps,
         "allreduce")
-    out = _autograd.allreduce(sent, op, pre, post, name or "", ps)
+    # Differentiable in C++ when the input requires a gradient.
+    out = _C.allreduce(sent, op, pre, post, name or "", ps)
     return wire.up(out if finish is None else finish(out))
+
+
+def _completion(finish, into):
+    """``finish`` (see _horovod_scaling) then, with ``into``, a copy into
+    that tensor (the caller's, in place or ``out=``), which it returns."""
+
+    def complete(got):
+        got = finish(got)
+        if into is None:
+            return got
+        into.copy_(got)
+        return into
+
+    return complete
 
 
 def _with_op(fn, caller, doc, in_place, asynchronous):
@@ -97,14 +112,7 @@ def _with_op(fn, caller, doc, in_place, asynchronous):
         got = fn(sent, op2, pre, post, name or "", ps)
         if finish is None:
             return got
-
-        def complete(out):
-            out = finish(out)
-            if in_place:
-                tensor.copy_(out)
-                return tensor
-            return out
-
+        complete = _completion(finish, tensor if in_place else None)
         return _Finished(got, complete) if asynchronous else complete(got)
 
     call.__name__ = call.__qualname__ = caller
@@ -170,15 +178,7 @@ def _none_means_default(fn):
 
 def allgather(tensor, name=None, process_set=None, out=None):
     """Every rank's rows, concatenated in rank order (differentiable)."""
-    return _autograd.allgather(tensor, name or "", _set(process_set), out)
-
-
-def broadcast(tensor, root_rank, name=None, process_set=None):
-    """``root_rank``'s tensor, as a new tensor (differentiable).
-    ``root_rank`` is a global rank, on a process set too (Horovod's)."""
-    ps = _set(process_set)
-    return _autograd.broadcast(tensor, _root(root_rank, ps, "broadcast"),
-                               name or "", ps)
+    return _C.allgather(tensor, name or "", _set(process_set), out)
 
 
 def _broadcast_form(fn, caller, doc):
@@ -203,17 +203,16 @@ def reducescatter(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
     sent, op, pre, post, finish = _horovod_scaling(
         tensor, op, prescale_factor, postscale_factor, ps, "reducescatter")
     if finish is None:
-        return _autograd.reducescatter(sent, op, pre, post, name or "", ps,
-                                       out)
-    got = finish(_autograd.reducescatter(sent, op, pre, post, name or "", ps,
-                                         None))
-    if out is None:
-        return got
-    out.copy_(got)
-    return out
+        return _C.reducescatter(sent, op, pre, post, name or "", ps, out)
+    return _completion(finish, out)(
+        _C.reducescatter(sent, op, pre, post, name or "", ps, None))
 
 
 allgather_async = _unique_name(_none_means_default(_C.allgather_async), 1)
+broadcast = _broadcast_form(
+    _C.broadcast, "broadcast",
+    "``root_rank``'s tensor, as a new tensor (differentiable); "
+    "``root_rank`` is a global rank, on a process set too.")
 broadcast_ = _broadcast_form(_C.broadcast_, "broadcast_",
                              "broadcast in place; returns ``tensor``.")
 broadcast_async = _unique_name(_broadcast_form(
@@ -236,16 +235,9 @@ def reducescatter_async(tensor, op=_ReduceOp.Average, prescale_factor=1.0,
     if finish is None:
         return _C.reducescatter_async(sent, op, pre, post, name or "", ps,
                                       out)
-
-    def complete(got):
-        got = finish(got)
-        if out is not None:
-            out.copy_(got)
-            return out
-        return got
-
     return _Finished(_C.reducescatter_async(sent, op, pre, post, name or "",
-                                            ps, None), complete)
+                                            ps, None),
+                     _completion(finish, out))
 
 
 class _SplitsError(TypeError, ValueError):
