@@ -30,14 +30,13 @@ def _is_integer(tensor):
     return not (tensor.is_floating_point() or tensor.is_complex())
 
 
-def _scaled(tensor, factor):
-    """``tensor * factor`` in its own dtype; integers as Horovod scales
-    them: in float64, truncated back."""
-    if factor == 1.0:
+def _scaled(tensor, factor, divisor=1):
+    """An integer ``tensor * factor / divisor`` as Horovod scales it: in
+    float64, truncated back once (with a divisor alone, C's integer
+    division)."""
+    if factor == 1.0 and divisor == 1:
         return tensor
-    if _is_integer(tensor):
-        return (tensor.double() * factor).to(tensor.dtype)
-    return tensor * factor
+    return (tensor.double() * factor / divisor).to(tensor.dtype)
 
 
 def _horovod_scaling(tensor, op, pre, post, process_set, caller):
@@ -55,18 +54,10 @@ def _horovod_scaling(tensor, op, pre, post, process_set, caller):
     integer = _is_integer(tensor) and op == _ReduceOp.Sum
     if integer and (pre != 1.0 or post != 1.0 or n != 1):
         return (_scaled(tensor, pre), op, 1.0, 1.0,
-                lambda out: _scaled(_divided(out, n), post))
+                lambda out: _scaled(out, post, n))
     if n != 1:
         return tensor, op, pre, post, lambda out: out / n
     return tensor, op, pre, post, None
-
-
-def _divided(tensor, n):
-    """``tensor / n`` in its own dtype; integers through float64,
-    truncated (C's division, Horovod's)."""
-    if n == 1:
-        return tensor
-    return (tensor.double() / n).to(tensor.dtype)
 
 
 class _Finished:
