@@ -56,16 +56,26 @@ at::Tensor output_for(
   return at::empty(shape, in.options());
 }
 
+// Half and bfloat16: at::mul_ by a double rounds the factor to the
+// tensor's precision first (an ulp off); these are scaled in float and
+// rounded once, as one process and Horovod compute them.
+bool reduced_precision(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+}
+
 }  // namespace
 
-// Multiplies in place by `factor`; half and bfloat16 in float, rounded
-// once (a factor rounded to the tensor's precision first would be off by
-// up to an ulp, and Horovod scales them so).
 void scale_in_place(const at::Tensor& t, double factor) {
-  if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
+  if (reduced_precision(t))
     t.copy_(t.to(at::kFloat).mul_(factor));
   else
     t.mul_(factor);
+}
+
+at::Tensor scaled(const at::Tensor& t, double factor) {
+  return reduced_precision(t)
+      ? t.to(at::kFloat).mul_(factor).to(t.scalar_type())
+      : t.mul(factor);
 }
 
 namespace {
@@ -161,9 +171,9 @@ void allreduce_work(
     guarded(comm, c, [&] {
       // A sum's postscale taken by the backend saves a pass over memory
       // (the engine's 1/n on every bucket); an average divides after.
+      // (Backends scale float and double only: half and bfloat16 are
+      // scaled by scale_in_place() below.)
       if (op != ReduceOp::Average && post != 1.0 &&
-          work.scalar_type() != at::kHalf &&
-          work.scalar_type() != at::kBFloat16 &&
           comm.allreduce_scaled(work, backend_op(op), post)) {
         post = 1.0;
       } else {

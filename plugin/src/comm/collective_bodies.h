@@ -19,9 +19,10 @@ namespace ronde::detail {
 // The backend's reduction for `op` (an average is summed, then divided).
 BackendOp backend_op(ReduceOp op);
 
-// Multiplies `t` in place by `factor`; half and bfloat16 in float, rounded
-// once.
+// `t` times `factor`, in place or as a new tensor; half and bfloat16 in
+// float, rounded once.
 void scale_in_place(const at::Tensor& t, double factor);
+at::Tensor scaled(const at::Tensor& t, double factor);
 
 // An all-reduce of `work` in place: from the check's frames when they
 // carried every input, else on the backend; scaled and averaged (over the

@@ -355,10 +355,8 @@ Handle reducescatter_impl(
   at::Tensor in;
   if (error.empty()) {
     in = tensor.contiguous();
-    if (o.prescale_factor() != 1.0) {
-      in = in.clone();
-      scale_in_place(in, o.prescale_factor());
-    }
+    if (o.prescale_factor() != 1.0)
+      in = scaled(in, o.prescale_factor());
   }
   if (in.defined() && in.is_cpu())
     call.payload = in;

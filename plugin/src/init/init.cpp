@@ -277,10 +277,6 @@ void init_locked(
     const LaunchInfo* given = nullptr,
     c10::intrusive_ptr<c10d::Store> store = {});
 
-}  // namespace detail
-
-namespace detail {
-
 void shutdown_job(bool restarting);
 
 // Whether the running job's global communicator was broken by a failure
@@ -442,17 +438,17 @@ void shutdown_job(bool restarting) {
   w.global->worker.reset();
   detail::remove_world().reset();
   detail::g_runtime = nullptr;
-  // Only a job whose ranks all met: after a failure nobody calls init()
-  // again on the same store, and waiting for dead ranks would only delay.
-  if (met && rt->rank0_hosts_store && rt->store) {
-    detail::leave_store(*rt->store, rt->info, rt->timeout);
-    if (rt->info.rank != 0)
+  if (rt->rank0_hosts_store && rt->store) {
+    // Leaving is for a job whose ranks all met: after a failure, waiting
+    // for dead ranks to leave would only delay.
+    if (met)
+      detail::leave_store(*rt->store, rt->info, rt->timeout);
+    // A rank that may meet the others again at this address (after a
+    // clean shutdown, or restarting a broken job) first waits for rank 0
+    // to take its store down (at once if rank 0 is gone): connecting
+    // before then would meet that store.
+    if ((met || restarting) && rt->info.rank != 0)
       detail::wait_until_closed_by_server(rt->info.port, rt->timeout);
-  } else if (restarting && rt->rank0_hosts_store && rt->store &&
-             rt->info.rank != 0) {
-    // Rank 0 takes its old store down when it restarts too (at once if it
-    // is gone): connecting before then would meet that store.
-    detail::wait_until_closed_by_server(rt->info.port, rt->timeout);
   }
   detail::release(*rt);
 }
