@@ -44,12 +44,15 @@ class _DistributedOptimizer:
                 "You may want to consider using "
                 "optimizer.skip_synchronize() context if you use "
                 "optimizer.synchronize() in your code.")
-        if self._ronde_sparse:
+        watch = self._ronde_sparse
+        if watch is not None and watch.sparse:
             base_step = _sparse_step(self, base_step)
         if self._ronde_sharded:
             self._ronde_consolidated = None
         out = self._ronde_reducer.step(
             base_step, closure, self._ronde_should_synchronize)
+        if watch is not None:
+            watch.settle()
         if self._ronde_sharded:
             _zero.follow_shards(self)
         return out
@@ -147,24 +150,33 @@ class _DistributedOptimizer:
         return [g["ronde_base_lr"] for g in self.param_groups]
 
 
-def _note_sparse(optimizer):
+class _SparseWatch:
     """The parameters whose gradients come sparse (nn.Embedding(sparse=True)):
     the engine reduces them dense in the fused buckets, and the optimizer
     steps on them sparse again (Horovod's sparse_as_dense; SparseAdam needs
-    sparse gradients)."""
-    sparse = set()
+    sparse gradients). A module's gradients keep their layout from step to
+    step, so each parameter's hook goes after the first step that gave it
+    a gradient: later backward passes call no Python per parameter."""
 
-    def hook_for(p):
+    def __init__(self, optimizer):
+        self.sparse, self._seen, self._hooks = set(), set(), {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p not in self._hooks:
+                    self._hooks[p] = p.register_hook(self._note(p))
+
+    def _note(self, p):
         def note(grad):
+            self._seen.add(p)
             if grad.is_sparse:
-                sparse.add(p)
+                self.sparse.add(p)
         return note
 
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad:
-                p.register_hook(hook_for(p))
-    return sparse
+    def settle(self):
+        """After a step: stops watching the parameters it saw."""
+        for p in self._seen:
+            self._hooks.pop(p).remove()
+        self._seen.clear()
 
 
 def _sparse_step(optimizer, base_step):
@@ -172,7 +184,7 @@ def _sparse_step(optimizer, base_step):
     it, and dense again (the engine's) afterwards."""
 
     def step(closure=None):
-        swapped = [(p, p.grad) for p in optimizer._ronde_sparse
+        swapped = [(p, p.grad) for p in optimizer._ronde_sparse.sparse
                    if p.grad is not None and not p.grad.is_sparse]
         for p, dense in swapped:
             p.grad = dense.to_sparse()
@@ -423,7 +435,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, *,
     optimizer._ronde_lr_scaling = lr_scaling
     optimizer._ronde_backward_passes = backward_passes_per_step
     optimizer._ronde_sharded = sharded
-    optimizer._ronde_sparse = set() if sharded else _note_sparse(optimizer)
+    optimizer._ronde_sparse = None if sharded else _SparseWatch(optimizer)
     # Horovod's attribute, which scripts read: each parameter's name.
     optimizer._parameter_names = dict(zip(params, names))
     # The Python object of a hook written in Python lives as long as the
