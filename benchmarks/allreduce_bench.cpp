@@ -9,9 +9,9 @@
 // warm-up calls, then timed calls; the median is reported as time, algbw
 // (bytes / time, bytes the larger of input and output) and busbw (algbw x
 // 2(n-1)/n for allreduce, x 1 for broadcast, x (n-1)/n for allgather,
-// reducescatter and alltoall, as nccl-tests defines them), with the cross-rank descriptor
-// check on (the default) and off, so the check's cost is measured rather
-// than guessed. --handoff times a third form: the async call and its
+// reducescatter and alltoall, as nccl-tests defines them), with the cross-rank
+// descriptor check on (the default) and off, so the check's cost is measured
+// rather than guessed. --handoff times a third form: the async call and its
 // wait, which goes through the communication thread where the blocking
 // call runs on the caller's (queued_us: the cost of the hand-off).
 // --loop N times N checked calls made back to back, as a training loop
@@ -200,8 +200,8 @@ std::function<void()> make_call(
       if (g_into) {
         const int64_t n = t.numel() * g_set.size();
         at::Tensor out = g_arena
-            ? ronde::detail::bucket_zeros(g_set, n, at::kFloat)
-            : at::empty({n});
+                             ? ronde::detail::bucket_zeros(g_set, n, at::kFloat)
+                             : at::empty({n});
         if (queued)
           return [t, out, opts] {
             ronde::allgather_into_async(t, out, opts).wait();
@@ -297,7 +297,7 @@ struct Sweep {
   std::string json_path;
   std::string process_set = "global";  // or "all", "half"
   bool handoff = false;  // also time the queued (async + wait) form
-  int loop = 0;  // also time this many calls back to back (mean)
+  int loop = 0;          // also time this many calls back to back (mean)
 };
 
 struct AlignedFree {
@@ -456,9 +456,10 @@ int run_collective(Op op, const Sweep& s) {
     double with_check = time_collective(checked, s.warmup, iters);
     const double p90 = g_last_p90;
     double without = time_collective(unchecked, s.warmup, iters);
-    const double queued = s.handoff
-        ? time_collective(make_call(op, t, true, true), s.warmup, iters)
-        : 0.0;
+    const double queued =
+        s.handoff
+            ? time_collective(make_call(op, t, true, true), s.warmup, iters)
+            : 0.0;
     const double loop = s.loop > 0 ? time_loop(checked, s.loop) : 0.0;
     double real_bytes = static_cast<double>(total);
     double algbw = real_bytes / with_check / 1e9;
@@ -481,8 +482,8 @@ int run_collective(Op op, const Sweep& s) {
     }
     json << (first ? "" : ",") << "{\"bytes\":" << total
          << ",\"iters\":" << iters << ",\"time_us\":" << with_check * 1e6
-         << ",\"p90_time_us\":" << p90 * 1e6
-         << ",\"algbw_GBs\":" << algbw << ",\"busbw_GBs\":" << busbw
+         << ",\"p90_time_us\":" << p90 * 1e6 << ",\"algbw_GBs\":" << algbw
+         << ",\"busbw_GBs\":" << busbw
          << ",\"nocheck_time_us\":" << without * 1e6;
     if (s.handoff)
       json << ",\"queued_time_us\":" << queued * 1e6;

@@ -101,9 +101,12 @@ int main(int argc, char** argv) {
   const int launch_rank = ronde::rank();
 
   torch::nn::Sequential model(
-      torch::nn::Linear(1024, width), torch::nn::ReLU(),
-      torch::nn::Linear(width, width), torch::nn::ReLU(),
-      torch::nn::Linear(width, width), torch::nn::ReLU(),
+      torch::nn::Linear(1024, width),
+      torch::nn::ReLU(),
+      torch::nn::Linear(width, width),
+      torch::nn::ReLU(),
+      torch::nn::Linear(width, width),
+      torch::nn::ReLU(),
       torch::nn::Linear(width, 1000));
   ronde::broadcast_parameters(model->named_parameters(), 0);
   auto base = std::make_shared<torch::optim::SGD>(
@@ -168,9 +171,9 @@ int main(int argc, char** argv) {
       one_step();
       auto t0 = std::chrono::steady_clock::now();
       if (ckpt.maybe_save(step))
-        commit_times.push_back(std::chrono::duration<double>(
-                                   std::chrono::steady_clock::now() - t0)
-                                   .count());
+        commit_times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count());
     }
   }
   if (ronde::rank() == 0) {
@@ -183,8 +186,13 @@ int main(int argc, char** argv) {
         "%s: %d rank(s) at the end, median step %.1f ms, median commit %.1f "
         "ms (%zu bytes; memcpy %.1f ms), recovery %.2f s, resumed from step "
         "%lld (killed at %lld)\n",
-        mode.c_str(), ronde::size(), median(step_times) * 1e3,
-        median(commit_times) * 1e3, committed_bytes, copy * 1e3, recovery,
+        mode.c_str(),
+        ronde::size(),
+        median(step_times) * 1e3,
+        median(commit_times) * 1e3,
+        committed_bytes,
+        copy * 1e3,
+        recovery,
         static_cast<long long>(resumed_from),
         static_cast<long long>(kill_step));
     if (!json_path.empty()) {

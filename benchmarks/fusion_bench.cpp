@@ -84,8 +84,9 @@ std::pair<double, double> median_interval(std::vector<double> v) {
   const double half = 0.98 * std::sqrt(n);
   const auto lo = static_cast<int64_t>(std::floor(n / 2 - half));
   const auto hi = static_cast<int64_t>(std::ceil(n / 2 + half));
-  return {v[std::clamp<int64_t>(lo, 0, v.size() - 1)],
-          v[std::clamp<int64_t>(hi, 0, v.size() - 1)]};
+  return {
+      v[std::clamp<int64_t>(lo, 0, v.size() - 1)],
+      v[std::clamp<int64_t>(hi, 0, v.size() - 1)]};
 }
 
 // One copy of the parameters. Every DistributedOptimizer mode has its own:
@@ -141,16 +142,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       tuned_allocator = v == "tuned";
-    }
-    else if (a == "--autotune-steps" && i + 1 < argc)
+    } else if (a == "--autotune-steps" && i + 1 < argc)
       trial_steps = std::stoi(argv[++i]);
     else if (a == "--thresholds" && i + 1 < argc) {
       thresholds.clear();
       std::stringstream list(argv[++i]);
       for (std::string mb; std::getline(list, mb, ',');)
         thresholds.push_back(std::stod(mb));
-    }
-    else {
+    } else {
       std::cerr << "usage: fusion_bench [--steps N] [--rounds R] "
                    "[--thresholds MB,MB,...] [--autotune [--autotune-steps N]] "
                    "[--allocator tuned|default] [--json FILE]\n";
@@ -249,7 +248,8 @@ int main(int argc, char** argv) {
   if (autotune) {
     ronde::DistributedOptimizer* d = add_optimizer(
         "autotune",
-        ronde::DistributedOptimizerOptions().autotune(true)
+        ronde::DistributedOptimizerOptions()
+            .autotune(true)
             .autotune_steps_per_trial(trial_steps));
     while (!d->bucket_sizing().autotuned && tuning_steps < 400) {
       modes.back().step();
@@ -276,9 +276,9 @@ int main(int argc, char** argv) {
       ronde::barrier();
       auto t0 = std::chrono::steady_clock::now();
       modes[m].step();
-      acc[m][k] = std::chrono::duration<double>(
-                      std::chrono::steady_clock::now() - t0)
-                      .count();
+      acc[m][k] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
     }
   }
   // A step takes as long as its slowest rank.
@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
         const size_t best_even = pick_best(0), best_odd = pick_best(1);
         const double held_out = (median(ratios(default_m, best_even, 1)) +
                                  median(ratios(default_m, best_odd, 0))) /
-            2;
+                                2;
         std::printf(
             "# held out (best picked on the other half of the passes): "
             "%.3fx (%s on the even passes, %s on the odd)\n",
@@ -393,8 +393,8 @@ int main(int argc, char** argv) {
             modes[best_even].name.c_str(),
             modes[best_odd].name.c_str());
         js << ",\"default_vs_best_held_out\":" << held_out
-           << ",\"best_modes_held_out\":[\"" << modes[best_even].name
-           << "\",\"" << modes[best_odd].name << "\"]";
+           << ",\"best_modes_held_out\":[\"" << modes[best_even].name << "\",\""
+           << modes[best_odd].name << "\"]";
       }
     }
     js << ",\"results\":[";

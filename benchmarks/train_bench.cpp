@@ -186,8 +186,7 @@ int main(int argc, char** argv) {
       device_name == "cpu" || torch::cuda::is_available(),
       "--device cuda, but no CUDA device is available");
   TORCH_CHECK(shard >= 0 && shard <= 2, "--shard must be 0, 1 or 2");
-  TORCH_CHECK(
-      shard == 0 || mode == "ronde", "--shard needs --mode ronde");
+  TORCH_CHECK(shard == 0 || mode == "ronde", "--shard needs --mode ronde");
   TORCH_CHECK(windows >= 1 && steps >= 1, "--steps and --windows must be >= 1");
   // powersgdR: PowerSGD at rank R, compressing from the third step (as
   // DDP's hook, which cannot start earlier), so after the default warmup.
@@ -342,9 +341,10 @@ int main(int argc, char** argv) {
   const int world = distributed ? ronde::size() : 1;
   // Gradient bytes each rank put into its collectives per measured step,
   // by the hook's own count.
-  const int64_t wire_bytes = dopt
-      ? (dopt->comm_hook()->bytes_sent() - bytes_at_warmup) / (total - warmup)
-      : 0;
+  const int64_t wire_bytes =
+      dopt ? (dopt->comm_hook()->bytes_sent() - bytes_at_warmup) /
+                 (total - warmup)
+           : 0;
   if (rank == 0) {
     std::printf(
         "%s%s %s on %s (compression %s): %d rank(s), median step %.3f ms, "
@@ -364,15 +364,15 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       std::ofstream json(json_path);
       json << "{\"workload\":\"" << workload << "\",\"mode\":\"" << mode
-          << "\",\"device\":\"" << device_name << "\",\"compression\":\""
-          << compression << "\",\"ranks\":" << world
-          << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
-          << ",\"wait_s\":" << wait << ",\"main_cpu_s\":" << main_cpu
-          << ",\"other_cpu_s\":" << other_cpu
-          << ",\"samples_per_s\":" << world * batch / step
-          << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
-          << ",\"sync_bn\":" << (sync_bn ? "true" : "false")
-          << ",\"shard\":" << shard;
+           << "\",\"device\":\"" << device_name << "\",\"compression\":\""
+           << compression << "\",\"ranks\":" << world
+           << ",\"batch_per_rank\":" << batch << ",\"step_s\":" << step
+           << ",\"wait_s\":" << wait << ",\"main_cpu_s\":" << main_cpu
+           << ",\"other_cpu_s\":" << other_cpu
+           << ",\"samples_per_s\":" << world * batch / step
+           << ",\"steps\":" << steps << ",\"wire_bytes\":" << wire_bytes
+           << ",\"sync_bn\":" << (sync_bn ? "true" : "false")
+           << ",\"shard\":" << shard;
       if (dopt) {
         const ronde::BucketSizing b = dopt->bucket_sizing();
         json << ",\"bucket_mb\":" << b.fusion_threshold_mb

@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(1);
   torch::nn::Sequential net;
   for (int l = 0; l < layers; ++l)
-    net->push_back(
-        torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(bias != 0)));
+    net->push_back(torch::nn::Linear(
+        torch::nn::LinearOptions(width, width).bias(bias != 0)));
   auto base = std::make_shared<torch::optim::Adam>(
       net->parameters(), torch::optim::AdamOptions(1e-4));
   ronde::DistributedOptimizer opt(
@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   for (const auto& p : net->parameters())
     params += p.numel();
   auto figures = torch::tensor(
-      {static_cast<double>(opt.optimizer_state_bytes()), peak_rss_mb(),
+      {static_cast<double>(opt.optimizer_state_bytes()),
+       peak_rss_mb(),
        times[times.size() / 2]},
       torch::kDouble);
   figures = ronde::allreduce(

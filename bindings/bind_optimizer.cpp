@@ -116,15 +116,15 @@ void bind_comm_hooks(py::module_& m) {
          bool warm_start,
          double orthogonalization_epsilon,
          uint64_t seed) {
-        return powersgd_hook(PowerSGDOptions()
-                                 .rank(rank)
-                                 .start_iter(start_iter)
-                                 .min_compression_rate(min_compression_rate)
-                                 .error_feedback(error_feedback)
-                                 .warm_start(warm_start)
-                                 .orthogonalization_epsilon(
-                                     orthogonalization_epsilon)
-                                 .seed(seed));
+        return powersgd_hook(
+            PowerSGDOptions()
+                .rank(rank)
+                .start_iter(start_iter)
+                .min_compression_rate(min_compression_rate)
+                .error_feedback(error_feedback)
+                .warm_start(warm_start)
+                .orthogonalization_epsilon(orthogonalization_epsilon)
+                .seed(seed));
       },
       py::arg("rank") = 1,
       py::arg("start_iter") = 1000,
@@ -213,7 +213,9 @@ void bind_optimizer(py::module_& m) {
       .def("comm_hook", &GradientReducer::comm_hook)
       .def(
           "comm_hook_state",
-          [](const GradientReducer& r) { return py::bytes(r.comm_hook_state()); })
+          [](const GradientReducer& r) {
+            return py::bytes(r.comm_hook_state());
+          })
       .def(
           "load_comm_hook_state",
           [](GradientReducer& r, const py::bytes& b) {
@@ -251,7 +253,8 @@ void bind_optimizer(py::module_& m) {
           [](const GradientReducer& r) {
             std::vector<py::tuple> out;
             for (const auto& s : r.shards())
-              out.push_back(py::make_tuple(s.param, s.offset, s.numel, s.tensor));
+              out.push_back(
+                  py::make_tuple(s.param, s.offset, s.numel, s.tensor));
             return out;
           })
       .def("shards_changed", &GradientReducer::shards_changed)
@@ -287,18 +290,18 @@ void bind_optimizer(py::module_& m) {
             // The optimizer's step may return anything (a loss, a float,
             // None): kept as the Python object it is.
             py::object result = py::none();
-            auto call_update =
-                [&update, &result](GradientReducer::Closure synced) {
-                  py::gil_scoped_acquire gil;
-                  py::object c = py::none();
-                  if (synced) {
-                    c = py::cpp_function(
-                        [synced]() { return synced(); },
-                        py::call_guard<py::gil_scoped_release>());
-                  }
-                  result = update(c);
-                  return at::Tensor();
-                };
+            auto call_update = [&update,
+                                &result](GradientReducer::Closure synced) {
+              py::gil_scoped_acquire gil;
+              py::object c = py::none();
+              if (synced) {
+                c = py::cpp_function(
+                    [synced]() { return synced(); },
+                    py::call_guard<py::gil_scoped_release>());
+              }
+              result = update(c);
+              return at::Tensor();
+            };
             {
               py::gil_scoped_release release;
               r.step(call_update, user, synchronize);

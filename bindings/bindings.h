@@ -5,9 +5,10 @@
 // collectives).
 //
 // Only bind_collectives.cpp, bind_optimizer.cpp and bind_c10d.cpp pass
-// tensors or torch's own types, so only they include torch/extension.h (its tensor casters), which costs tens of
-// seconds to compile; the others need pybind11 and its STL casters alone,
-// and cast no type that LibTorch gives a caster of its own.
+// tensors or torch's own types, so only they include torch/extension.h (its
+// tensor casters), which costs tens of seconds to compile; the others need
+// pybind11 and its STL casters alone, and cast no type that LibTorch gives a
+// caster of its own.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -52,8 +52,7 @@ class ScaledFp16Hook : public ronde::CommHook {
     const double ranks = bucket.process_set.size();
     const double scale = top > 0 ? 16384.0 / (top * ranks) : 1.0;
 
-    torch::Tensor wire =
-        torch::cat({grads * scale, flags}).to(torch::kHalf);
+    torch::Tensor wire = torch::cat({grads * scale, flags}).to(torch::kHalf);
     count_bytes(wire.numel() * wire.element_size() + amax.element_size());
     ronde::allreduce_async_(wire, bucket.options).wait();
     grads.copy_(wire.narrow(0, 0, n).to(buffer.scalar_type()) / scale);

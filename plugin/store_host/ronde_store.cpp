@@ -50,8 +50,11 @@ int main(int argc, char** argv) {
     int signo = 0;
     sigwait(&stop, &signo);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ronde_store: cannot host the store on port %d: %s\n",
-                 port, e.what());
+    std::fprintf(
+        stderr,
+        "ronde_store: cannot host the store on port %d: %s\n",
+        port,
+        e.what());
     return 1;
   }
   return 0;

@@ -361,10 +361,9 @@ TEST(Examples, FashionMnistWithSyncBatchNormTrainsTheOneProcessModel) {
       const double off =
           std::abs(field(e, key) - field(one, key)) / field(one, key);
       const double tolerance = std::string(key) == "train_loss" ? 1e-2 : 2e-2;
-      EXPECT_LT(off, tolerance)
-          << key << " with " << np << " ranks\n"
-          << e << "\n"
-          << one;
+      EXPECT_LT(off, tolerance) << key << " with " << np << " ranks\n"
+                                << e << "\n"
+                                << one;
     }
     worst_sync =
         std::max(worst_sync, std::abs(field(e, "train_loss") - ref) / ref);

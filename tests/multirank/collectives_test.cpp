@@ -1,8 +1,8 @@
 // Multirank tests of the runtime and the collectives: real processes on
 // loopback, each checking its results against a reference it computes
 // itself (see worker_collectives.cpp and worker_reference.h).
-#include "harness.h"
 #include "../scratch_dir.h"
+#include "harness.h"
 
 #include <gtest/gtest.h>
 
@@ -219,8 +219,8 @@ TEST_P(Collectives, ArenaBuffersSkipTheCheckStep) {
   ASSERT_TRUE(r.all_succeeded()) << r.dump();
   for (const auto& rank : r.ranks) {
     // The first call of each name is checked in full; the next two ride.
-    EXPECT_NE(rank.output.find("ARENA_FUSED: 0 PLAIN_FUSED: 2"),
-              std::string::npos)
+    EXPECT_NE(
+        rank.output.find("ARENA_FUSED: 0 PLAIN_FUSED: 2"), std::string::npos)
         << r.dump();
   }
 }

@@ -44,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"user_hook", 2}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::get<0>(info.param) + "_np" +
-          std::to_string(std::get<1>(info.param));
+             std::to_string(std::get<1>(info.param));
     });
 
 TEST(CommHooks, PowerSGDResumesExactlyFromACheckpoint) {

@@ -63,12 +63,11 @@ class Elastic : public ::testing::Test {
       int timeout = 15,
       const std::string& growth = "") {
     const std::string out = dir_ + "/out.txt";
-    const std::string cmd = "RONDE_SHM_DIR=" + shm_ +
-        " timeout -s KILL 120 " + std::string(RONDERUN_PATH) + " -np " +
-        std::to_string(np) + " --min-np " + std::to_string(min_np) + " " +
-        growth +
-        " --timeout " + std::to_string(timeout) + " -- " +
-        ronde::testing::worker_path() +
+    const std::string cmd =
+        "RONDE_SHM_DIR=" + shm_ + " timeout -s KILL 120 " +
+        std::string(RONDERUN_PATH) + " -np " + std::to_string(np) +
+        " --min-np " + std::to_string(min_np) + " " + growth + " --timeout " +
+        std::to_string(timeout) + " -- " + ronde::testing::worker_path() +
         " elastic_train " + args + " > " + out + " 2>&1";
     Outcome o;
     const int status = std::system(cmd.c_str());
@@ -82,8 +81,7 @@ class Elastic : public ::testing::Test {
   // Survivors finished with `size` ranks and rank 0's checks held.
   void expect_went_on(const Outcome& o, int size, int died = -1) {
     EXPECT_EQ(o.rc, 0) << o.text;
-    EXPECT_EQ(count_of(o.text, "dying"), died < 0 ? 4 - size : died)
-        << o.text;
+    EXPECT_EQ(count_of(o.text, "dying"), died < 0 ? 4 - size : died) << o.text;
     EXPECT_EQ(
         count_of(o.text, "with " + std::to_string(size) + " ranks over shm\n"),
         size)
@@ -137,8 +135,7 @@ TEST_F(Elastic, SecondFailureDuringRecovery) {
 // A replacement for the lost rank joins at a later commit, takes the
 // state from rank 0, and the job ends with four ranks again.
 TEST_F(Elastic, AFailedRankIsReplaced) {
-  const Outcome o =
-      run(4, 2, "7 3 forward sleep 120", 15, "--restart-failed");
+  const Outcome o = run(4, 2, "7 3 forward sleep 120", 15, "--restart-failed");
   expect_went_on(o, 4, 1);
   EXPECT_NE(o.text.find("starting a replacement for rank 3"), std::string::npos)
       << o.text;
@@ -150,9 +147,12 @@ TEST_F(Elastic, AFailedRankIsReplaced) {
 TEST_F(Elastic, GrowsThroughTheDiscoveryScript) {
   const std::string hosts = dir_ + "/hosts";
   std::ofstream(hosts) << "localhost:4\n";
-  const Outcome o = run(
-      2, 2, "-1 sleep 120", 15,
-      "--max-np 4 --host-discovery-script 'cat " + hosts + "'");
+  const Outcome o =
+      run(2,
+          2,
+          "-1 sleep 120",
+          15,
+          "--max-np 4 --host-discovery-script 'cat " + hosts + "'");
   expect_went_on(o, 4, 0);
   EXPECT_EQ(count_of(o.text, "to join the running job"), 2) << o.text;
   EXPECT_NE(o.text.find("eras: 0:2 "), std::string::npos) << o.text;
@@ -161,8 +161,7 @@ TEST_F(Elastic, GrowsThroughTheDiscoveryScript) {
 // Below the minimum, the survivors wait; the replacement ronderun starts
 // arrives within the timeout and the job goes on with three ranks.
 TEST_F(Elastic, BelowTheMinimumAReplacementArrivesInTime) {
-  const Outcome o =
-      run(3, 3, "4 2 forward sleep 60", 15, "--restart-failed");
+  const Outcome o = run(3, 3, "4 2 forward sleep 60", 15, "--restart-failed");
   expect_went_on(o, 3, 1);
   EXPECT_NE(o.text.find("starting a replacement for rank 2"), std::string::npos)
       << o.text;
@@ -172,8 +171,7 @@ TEST_F(Elastic, BelowTheMinimumAReplacementArrivesInTime) {
 TEST_F(Elastic, BelowTheMinimumFailsEverySurvivorClearly) {
   const Outcome o = run(3, 3, "4 2 forward", /*timeout=*/6);
   EXPECT_NE(o.rc, 0) << o.text;
-  EXPECT_EQ(count_of(o.text, "fewer than the job's minimum of 3"), 2)
-      << o.text;
+  EXPECT_EQ(count_of(o.text, "fewer than the job's minimum of 3"), 2) << o.text;
   EXPECT_EQ(count_of(o.text, "finished at step"), 0) << o.text;
   expect_nothing_left();
 }

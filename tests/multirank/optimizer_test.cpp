@@ -105,8 +105,9 @@ TEST(DistributedOptimizer, AutotuneAgreesOnRankZerosChoice) {
   for (int np : {2, 3}) {
     JobResult r = run_job(ronde::testing::worker_spec({"autotune"}, np));
     EXPECT_TRUE(r.all_succeeded()) << r.dump();
-    EXPECT_NE(r.ranks[0].output.find("ronde: autotune chose bucket"),
-              std::string::npos)
+    EXPECT_NE(
+        r.ranks[0].output.find("ronde: autotune chose bucket"),
+        std::string::npos)
         << r.dump();
   }
 }

@@ -27,9 +27,9 @@ struct ScenarioRegistration {
 // argv in scope. The worker is linked from an OBJECT library, so every
 // registration is linked in; from a static library the linker would drop
 // the object files that nothing references, and their scenarios with them.
-#define RONDE_SCENARIO(name)                                           \
-  static int ronde_scenario_##name(int argc, char** argv);            \
-  static const ::ronde::testing::ScenarioRegistration                  \
+#define RONDE_SCENARIO(name)                                             \
+  static int ronde_scenario_##name(int argc, char** argv);               \
+  static const ::ronde::testing::ScenarioRegistration                    \
       ronde_scenario_registration_##name(#name, &ronde_scenario_##name); \
-  static int ronde_scenario_##name(                                    \
+  static int ronde_scenario_##name(                                      \
       [[maybe_unused]] int argc, [[maybe_unused]] char** argv)

@@ -30,7 +30,7 @@ TEST_P(ShardedEquivalence, EqualsUnshardedBitForBit) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::get<1>(info.param) + "_" + std::get<2>(info.param) + "_np" +
-      std::to_string(std::get<0>(info.param));
+         std::to_string(std::get<0>(info.param));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -8,8 +8,8 @@
 #include "scenario_registry.h"
 #include "worker_checks.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
 #include <iostream>
@@ -49,9 +49,13 @@ void check_async_works(::c10d::ProcessGroup& pg, int rank, int size) {
         on_me += in_wait && std::this_thread::get_id() == me;
         std::vector<at::Tensor> inner{torch::ones({4})};
         pg.allreduce(inner, async)->wait();
-        CHECK_W(torch::equal(inner[0], torch::full({4}, float(size))), inner[0]);
-        CHECK_W(!f.hasError() && f.value().toTensorVector()[0].eq(want).all().item<bool>(),
-                "the future's value in call ", i);
+        CHECK_W(
+            torch::equal(inner[0], torch::full({4}, float(size))), inner[0]);
+        CHECK_W(
+            !f.hasError() &&
+                f.value().toTensorVector()[0].eq(want).all().item<bool>(),
+            "the future's value in call ",
+            i);
       });
       in_wait = true;
       work->wait();
@@ -59,11 +63,19 @@ void check_async_works(::c10d::ProcessGroup& pg, int rank, int size) {
     } else {
       work->wait();
       auto future = work->getFuture();
-      CHECK_W(future->completed() && !future->hasError(), "call ", i, "'s future");
-      CHECK_W(future->value().toTensorVector()[0].eq(want).all().item<bool>(),
-              "the future's value in call ", i);
+      CHECK_W(
+          future->completed() && !future->hasError(), "call ", i, "'s future");
+      CHECK_W(
+          future->value().toTensorVector()[0].eq(want).all().item<bool>(),
+          "the future's value in call ",
+          i);
     }
-    CHECK_W(t[0].eq(want).all().item<bool>(), "call ", i, ": ", t[0][0].item<float>());
+    CHECK_W(
+        t[0].eq(want).all().item<bool>(),
+        "call ",
+        i,
+        ": ",
+        t[0][0].item<float>());
   }
   // Without wait() on this thread running the queued all-reduce and
   // completing the work, every callback runs on a completion thread. How
@@ -74,7 +86,9 @@ void check_async_works(::c10d::ProcessGroup& pg, int rank, int size) {
   std::cout << "CALLBACKS ON THE WAITER " << on_me << " of " << calls / 2
             << " on rank " << rank << ", " << count[0].item<float>()
             << " on all" << std::endl;
-  CHECK_W(count[0].item<float>() > 0, "no work was completed on the thread waiting on it");
+  CHECK_W(
+      count[0].item<float>() > 0,
+      "no work was completed on the thread waiting on it");
 }
 
 }  // namespace
@@ -131,8 +145,8 @@ RONDE_SCENARIO(c10d_process_group) {
     CHECK_W(sub->process_set().size() == 2, "the pair's set");
   }
   // ronde's own API on the same world, then the group again.
-  at::Tensor mine = ronde::allreduce(torch::ones({2}),
-                                     ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
+  at::Tensor mine = ronde::allreduce(
+      torch::ones({2}), ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
   CHECK_W(torch::equal(mine, torch::full({2}, float(size))), mine);
   pg->barrier()->wait();
   ronde::shutdown();

@@ -47,9 +47,9 @@ RONDE_SCENARIO(collectives) {
   CHECK_W(ronde::rank() == (launched ? std::atoi(rank_env) : 0), "rank");
   CHECK_W(ronde::device() == c10::Device(c10::kCPU), "device");
   std::cout << "HOST_BACKEND: " << ronde::host_backend() << std::endl;
-  std::cout << "TOPOLOGY: " << ronde::local_rank() << " "
-            << ronde::local_size() << " " << ronde::cross_rank() << " "
-            << ronde::cross_size() << std::endl;
+  std::cout << "TOPOLOGY: " << ronde::local_rank() << " " << ronde::local_size()
+            << " " << ronde::cross_rank() << " " << ronde::cross_size()
+            << std::endl;
   check_allreduce();
   check_allgather();
   check_broadcast();
@@ -80,7 +80,10 @@ RONDE_SCENARIO(digest) {
           ronde::AllreduceOptions().op(ronde::ReduceOp::Sum));
       CHECK_W(
           close_sum(got, ronde::size(), seed, {count}, dtype),
-          "digest sum ", dtype, " ", count);
+          "digest sum ",
+          dtype,
+          " ",
+          count);
       const auto* p = static_cast<const uint8_t*>(got.data_ptr());
       for (size_t i = 0; i < got.nbytes(); ++i)
         h = (h ^ p[i]) * 1099511628211ull;
@@ -125,7 +128,8 @@ RONDE_SCENARIO(mismatch) {
           if (me == 1)
             splits[0] = 5;
           ronde::alltoall(
-              at::ones({n}), ronde::AlltoallOptions().splits(splits).name(name));
+              at::ones({n}),
+              ronde::AlltoallOptions().splits(splits).name(name));
         },
         {"rejected", "rank 1: splits sum to"});
   };
@@ -220,9 +224,10 @@ RONDE_SCENARIO(mismatch) {
       CHECK_W(out.eq(-1).all().item<bool>(), "a failed allgather_into wrote");
     } else {
       ronde::allgather_into(x, out);
-      at::Tensor want =
-          at::arange(n, at::kFloat).repeat_interleave(2).unsqueeze(1).expand(
-              {2 * n, 3});
+      at::Tensor want = at::arange(n, at::kFloat)
+                            .repeat_interleave(2)
+                            .unsqueeze(1)
+                            .expand({2 * n, 3});
       CHECK_W(at::equal(out, want), "allgather_into beside a failed one");
     }
   }
@@ -272,12 +277,16 @@ RONDE_SCENARIO(fused) {
   int64_t seed = 100;
   for (auto dtype : types) {
     for (auto op :
-         {ronde::ReduceOp::Sum, ronde::ReduceOp::Average, ronde::ReduceOp::Min,
-          ronde::ReduceOp::Max, ronde::ReduceOp::Product}) {
+         {ronde::ReduceOp::Sum,
+          ronde::ReduceOp::Average,
+          ronde::ReduceOp::Min,
+          ronde::ReduceOp::Max,
+          ronde::ReduceOp::Product}) {
       if (!at::isFloatingType(dtype) && op == ronde::ReduceOp::Average)
         continue;
       // Within and beyond what a 4 KiB chunk carries beside a frame.
-      for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{500}, int64_t{3000}}) {
+      for (int64_t count :
+           {int64_t{1}, int64_t{7}, int64_t{500}, int64_t{3000}}) {
         for (int i = 0; i < 3; ++i) {
           ++seed;
           at::Tensor x = input_for(me, seed, {count}, dtype);
@@ -285,13 +294,23 @@ RONDE_SCENARIO(fused) {
           at::Tensor got = ronde::allreduce(x, o);
           CHECK_W(
               close(got, reference_reduce(n, seed, {count}, dtype, op)),
-              "fused ", ronde::to_string(op), " ", dtype, " ", count);
+              "fused ",
+              ronde::to_string(op),
+              " ",
+              dtype,
+              " ",
+              count);
           // (Over Gloo the unchecked call reduces in another order.)
           if (on_shm) {
             at::Tensor plain = ronde::allreduce(x, o.verify(false));
             CHECK_W(
-                at::equal(got, plain), "fused and unchecked differ: ",
-                ronde::to_string(op), " ", dtype, " ", count);
+                at::equal(got, plain),
+                "fused and unchecked differ: ",
+                ronde::to_string(op),
+                " ",
+                dtype,
+                " ",
+                count);
           }
         }
       }
@@ -308,8 +327,7 @@ RONDE_SCENARIO(fused) {
               .name("scaled")
               .prescale_factor(pre)
               .postscale_factor(2.0));
-      CHECK_W(
-          at::equal(x, at::full({100}, pre * n * (n + 1))), "scaled ", pre);
+      CHECK_W(at::equal(x, at::full({100}, pre * n * (n + 1))), "scaled ", pre);
     }
   }
   ronde::stop_timeline();
@@ -340,12 +358,15 @@ RONDE_SCENARIO(fused_arena) {
       at::Tensor buf = name == "arena" ? arena : at::empty_like(x);
       buf.copy_(x);
       ronde::allreduce_(
-          buf,
-          ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).name(name));
+          buf, ronde::AllreduceOptions().op(ronde::ReduceOp::Sum).name(name));
       CHECK_W(
-          close(buf, reference_reduce(n, seed, {count}, at::kFloat,
-                                      ronde::ReduceOp::Sum)),
-          name, " call ", i);
+          close(
+              buf,
+              reference_reduce(
+                  n, seed, {count}, at::kFloat, ronde::ReduceOp::Sum)),
+          name,
+          " call ",
+          i);
     }
   }
   ronde::stop_timeline();

@@ -136,8 +136,9 @@ RONDE_SCENARIO(hook_builtins) {
   Net net = make_net(true);
   auto base = std::make_shared<torch::optim::SGD>(
       net->parameters(), torch::optim::SGDOptions(0.1));
-  expect_error([] { ronde::powersgd_hook(ronde::PowerSGDOptions().rank(0)); },
-               {"PowerSGD on rank", "rank must be at least 1, got 0"});
+  expect_error(
+      [] { ronde::powersgd_hook(ronde::PowerSGDOptions().rank(0)); },
+      {"PowerSGD on rank", "rank must be at least 1, got 0"});
   expect_error(
       [] { ronde::powersgd_hook(ronde::PowerSGDOptions().start_iter(-1)); },
       {"start_iter must be >= 0, got -1"});
@@ -316,7 +317,8 @@ RONDE_SCENARIO(powersgd_reference) {
   ronde::init();
   const int n = ronde::size(), r = ronde::rank();
   Net net = make_net(true);
-  auto hook = ronde::powersgd_hook(ronde::PowerSGDOptions().rank(2).start_iter(0));
+  auto hook =
+      ronde::powersgd_hook(ronde::PowerSGDOptions().rank(2).start_iter(0));
   auto base = std::make_shared<torch::optim::SGD>(
       net->parameters(), torch::optim::SGDOptions(0));
   ronde::DistributedOptimizer opt(
@@ -387,8 +389,8 @@ RONDE_SCENARIO(powersgd_resume) {
   ronde::init();
   const std::string dir = argv[2];
   auto options = [] {
-    return ronde::DistributedOptimizerOptions().comm_hook(ronde::powersgd_hook(
-        ronde::PowerSGDOptions().rank(1).start_iter(2)));
+    return ronde::DistributedOptimizerOptions().comm_hook(
+        ronde::powersgd_hook(ronde::PowerSGDOptions().rank(1).start_iter(2)));
   };
   const int total = 8, cut = 4;
   Net straight = make_net(false);
@@ -448,9 +450,7 @@ RONDE_SCENARIO(powersgd_join) {
         torch::allclose(a, b, 1e-12, 1e-14),
         "PowerSGD with joined ranks differs from zero gradients by ",
         (a - b).abs().max());
-    CHECK_W(
-        !torch::equal(a, params_flat(*make_net(false))),
-        "nothing trained");
+    CHECK_W(!torch::equal(a, params_flat(*make_net(false))), "nothing trained");
   }
   ronde::shutdown();
   return scenario_exit_code();
@@ -464,10 +464,10 @@ RONDE_SCENARIO(user_hook) {
   const int n = ronde::size(), r = ronde::rank();
   double errors[2];
   for (int k = 0; k < 2; ++k) {
-    std::shared_ptr<ronde::CommHook> hook = k == 0
-        ? std::shared_ptr<ronde::CommHook>(
-              std::make_shared<examples::ScaledFp16Hook>())
-        : ronde::fp16_compress_hook();
+    std::shared_ptr<ronde::CommHook> hook =
+        k == 0 ? std::shared_ptr<ronde::CommHook>(
+                     std::make_shared<examples::ScaledFp16Hook>())
+               : ronde::fp16_compress_hook();
     Net net = make_net(true);
     torch::Tensor exact;
     for (int q = 0; q < n; ++q) {
@@ -491,9 +491,7 @@ RONDE_SCENARIO(user_hook) {
   }
   // One rounding per rank and one on the way back (see "compression").
   CHECK_W(
-      errors[0] <= (n + 2) * std::pow(2, -11),
-      "scaled fp16 error ",
-      errors[0]);
+      errors[0] <= (n + 2) * std::pow(2, -11), "scaled fp16 error ", errors[0]);
   CHECK_W(
       errors[1] > 10 * errors[0],
       "plain fp16 error ",

@@ -18,10 +18,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,7 +72,8 @@ torch::Tensor reference(const std::vector<Era>& eras) {
   int64_t step = 0;
   for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(kSeed + epoch);
-    auto order = at::randperm(kSamples, gen, at::TensorOptions().dtype(at::kLong));
+    auto order =
+        at::randperm(kSamples, gen, at::TensorOptions().dtype(at::kLong));
     for (int64_t at_sample = 0; at_sample < kSamples; ++step) {
       int64_t n = eras.front().size;
       for (const Era& e : eras) {
@@ -84,7 +85,8 @@ torch::Tensor reference(const std::vector<Era>& eras) {
       for (auto& g : sgd.param_groups())
         g.options().set_lr(kLr * static_cast<double>(n));
       sgd.zero_grad();
-      torch::mse_loss(model->forward(x.index({idx})), y.index({idx})).backward();
+      torch::mse_loss(model->forward(x.index({idx})), y.index({idx}))
+          .backward();
       sgd.step();
     }
   }
@@ -133,7 +135,8 @@ RONDE_SCENARIO(elastic_train) {
   ronde::DistributedOptimizer opt(
       sgd,
       model->named_parameters(),
-      ronde::DistributedOptimizerOptions().lr_scaling(ronde::LrScaling::Linear));
+      ronde::DistributedOptimizerOptions().lr_scaling(
+          ronde::LrScaling::Linear));
   ronde::DistributedSampler sampler(
       kSamples, ronde::DistributedSamplerOptions().seed(kSeed));
   int64_t epoch = 0, step = 0;
@@ -207,8 +210,8 @@ RONDE_SCENARIO(elastic_train) {
     auto mine = torch::cat({model->weight.flatten(), model->bias}).detach();
     auto want = reference(eras);
     const bool close = torch::allclose(mine, want, 1e-4, 1e-5);
-    std::cout << "parameters " << (close ? "match" : "DIFFER") << " the reference"
-              << std::endl;
+    std::cout << "parameters " << (close ? "match" : "DIFFER")
+              << " the reference" << std::endl;
     if (!close)
       std::cout << "mine " << mine << "\nwant " << want << std::endl;
     const bool once = seen.eq(1).all().item<bool>();

@@ -67,8 +67,10 @@ void check_gradients() {
       x,
       [](const at::Tensor& t) {
         return ronde::allreduce(
-            t, ronde::AllreduceOptions().op(ReduceOp::Average).prescale_factor(
-                   2.0));
+            t,
+            ronde::AllreduceOptions()
+                .op(ReduceOp::Average)
+                .prescale_factor(2.0));
       },
       weights(me, 1, shape));
   CHECK_W(close(g, w_sum * 2.0 / n), "allreduce Average, prescale 2");
@@ -101,8 +103,11 @@ void check_gradients() {
       [](const at::Tensor& t) { return ronde::allgather(t); },
       weights(me, 2, {total, 2}));
   CHECK_W(
-      close(g, summed_weights(n, 2, {total, 2}).narrow(
-                   0, me * (me + 1) / 2, me + 1) / n),
+      close(
+          g,
+          summed_weights(n, 2, {total, 2})
+                  .narrow(0, me * (me + 1) / 2, me + 1) /
+              n),
       "allgather");
 
   // alltoall and reducescatter: two rows per rank; block j goes to rank j.

@@ -223,15 +223,16 @@ std::unique_ptr<at::ObserverContext> count_allreduce(
 
 // Asynchronous all-reduces waited on at once run on the waiting thread
 // when the communication thread is idle (CommWorker::help), with the
-// right results, as long as they are within RONDE_HELP_BYTES; the optimizer's buckets (communication hook tasks) never
-// do, and still overlap on the communication thread.
+// right results, as long as they are within RONDE_HELP_BYTES; the optimizer's
+// buckets (communication hook tasks) never do, and still overlap on the
+// communication thread.
 int scenario_waiter_helps() {
   ronde::init();
   const int rank = ronde::rank(), n = ronde::size();
   g_waiter = std::this_thread::get_id();
-  auto callback = at::addGlobalCallback(
-      at::RecordFunctionCallback(&count_allreduce)
-          .scopes({at::RecordScope::USER_SCOPE}));
+  auto callback =
+      at::addGlobalCallback(at::RecordFunctionCallback(&count_allreduce)
+                                .scopes({at::RecordScope::USER_SCOPE}));
   const int calls = 200;
   for (int i = 0; i < calls; ++i) {
     torch::Tensor t = torch::full({1024}, static_cast<float>(rank + i));
@@ -240,8 +241,13 @@ int scenario_waiter_helps() {
         .wait();
     const float want = static_cast<float>(n * i + n * (n - 1) / 2);
     CHECK_W(
-        t.eq(want).all().item<bool>(), "call ", i, ": ", t[0].item<float>(),
-        " != ", want);
+        t.eq(want).all().item<bool>(),
+        "call ",
+        i,
+        ": ",
+        t[0].item<float>(),
+        " != ",
+        want);
   }
   const int helped = g_on_waiter.load();
   std::cout << "HELPED " << helped << " of " << calls << " on rank " << rank
@@ -268,7 +274,8 @@ int scenario_waiter_helps() {
   g_elsewhere = 0;
   for (int step = 0; step < 5; ++step) {
     opt->zero_grad();
-    torch::mse_loss(model->forward(torch::randn({16, 32})), torch::randn({16, 8}))
+    torch::mse_loss(
+        model->forward(torch::randn({16, 32})), torch::randn({16, 8}))
         .backward();
     opt->step();
   }

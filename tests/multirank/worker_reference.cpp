@@ -93,11 +93,11 @@ bool close_sum(
   for (int r = 0; r < n; ++r)
     magnitude += input_for(r, seed, shape, dtype).to(at::kDouble).abs();
   const double u = dtype == at::kBFloat16 ? 1.0 / 256
-      : dtype == at::kHalf                ? 1.0 / 2048
+                   : dtype == at::kHalf   ? 1.0 / 2048
                                           : 1e-6;
   at::Tensor err = (got.to(at::kDouble) - want).abs();
   return got.sizes().equals(shape) && got.scalar_type() == dtype &&
-      at::all(err <= 1e-5 + n * u * magnitude).item<bool>();
+         at::all(err <= 1e-5 + n * u * magnitude).item<bool>();
 }
 
 const std::vector<at::ScalarType> kFloatTypes = {

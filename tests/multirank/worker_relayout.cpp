@@ -53,7 +53,8 @@ int scenario_rebuild(const std::string& name, bool rebuild) {
   torch::manual_seed(7);
   torch::Tensor X = torch::randn({n * b, 8}, torch::kDouble);
   torch::Tensor Y = torch::randn({n * b, 4}, torch::kDouble);
-  auto make_opt = [&](Shuffled& net) -> std::shared_ptr<torch::optim::Optimizer> {
+  auto make_opt =
+      [&](Shuffled& net) -> std::shared_ptr<torch::optim::Optimizer> {
     if (name == "adam")
       return std::make_shared<torch::optim::Adam>(
           net->parameters(), torch::optim::AdamOptions(0.01));
@@ -77,8 +78,7 @@ int scenario_rebuild(const std::string& name, bool rebuild) {
     torch::mse_loss(ref->forward(X), Y).backward();
     ref_opt->step();
     opt.zero_grad();
-    torch::mse_loss(
-        net->forward(X.narrow(0, r * b, b)), Y.narrow(0, r * b, b))
+    torch::mse_loss(net->forward(X.narrow(0, r * b, b)), Y.narrow(0, r * b, b))
         .backward();
     opt.step();
     first_launch.push_back(opt.last_step_profile().hooks_before_launch[0]);

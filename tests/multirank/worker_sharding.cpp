@@ -40,7 +40,9 @@ Replica make_replica(
     ronde::DistributedOptimizerOptions o) {
   Replica r{make_net(use_extra), nullptr};
   r.opt = std::make_unique<ronde::DistributedOptimizer>(
-      make_optimizer(optimizer, r.net, two_groups), r.net->named_parameters(), o);
+      make_optimizer(optimizer, r.net, two_groups),
+      r.net->named_parameters(),
+      o);
   return r;
 }
 
@@ -64,8 +66,7 @@ bool agree(Replica& a, Replica& b) {
   const char* shm = std::getenv("RONDE_SHM");
   if (shm == nullptr || std::string(shm) != "0")
     return same_params(a, b);
-  return torch::allclose(
-      params_flat(*a.net), params_flat(*b.net), 1e-9, 1e-12);
+  return torch::allclose(params_flat(*a.net), params_flat(*b.net), 1e-9, 1e-12);
 }
 
 // optimizer, variant: plain | groups | bpps2 | unused | clip | amp | warmup

@@ -40,7 +40,7 @@ TEST(Autotune, FindsTheFastestSizeWithinTheTrialBudget) {
       t,
       [](const BucketSizes& s) {
         return 0.2 + 0.01 * std::abs(std::log2(s.fusion_mb / 32)) +
-            0.001 * std::abs(std::log2(s.first_mb / 4));
+               0.001 * std::abs(std::log2(s.first_mb / 4));
       },
       &trials);
   EXPECT_TRUE(t.done());
@@ -114,12 +114,12 @@ TEST(Autotune, NoiseAloneKeepsTheStartingSizes) {
   uint64_t x = 12345;
   BucketSizes got = search(t, [&](const BucketSizes&) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return 0.2 * (1.0 + 0.2 * static_cast<double>(x >> 11) / 9007199254740992.0);
+    return 0.2 *
+           (1.0 + 0.2 * static_cast<double>(x >> 11) / 9007199254740992.0);
   });
   EXPECT_EQ(got, (BucketSizes{25, 1})) << t.summary();
   // Another size had the lowest median: only the test kept the start.
-  EXPECT_NE(t.summary().find("within noise"), std::string::npos)
-      << t.summary();
+  EXPECT_NE(t.summary().find("within noise"), std::string::npos) << t.summary();
 }
 
 // A size consistently faster, through noise as large as the difference,

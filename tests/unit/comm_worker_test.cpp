@@ -15,8 +15,8 @@
 
 namespace {
 
-using ronde::detail::CommWorker;
 using ronde::detail::Communicator;
+using ronde::detail::CommWorker;
 using ronde::detail::HandleState;
 
 // Runs `fn` and fails the test binary at once if it has not returned

@@ -15,12 +15,13 @@ TEST(CpuBinding, CoreCutsTheAllowedCpusIntoDisjointShares) {
   const std::vector<int> allowed = {0, 1, 2, 3, 4, 5, 6, 8};
   const std::vector<int> pkg(allowed.size(), 0);
   std::string why;
-  EXPECT_EQ(cpus_for_rank("core", allowed, pkg, 0, 3, why),
-            (std::vector<int>{0, 1}));
-  EXPECT_EQ(cpus_for_rank("core", allowed, pkg, 2, 3, why),
-            (std::vector<int>{4, 5}));
-  EXPECT_EQ(cpus_for_rank("core", allowed, pkg, 1, 2, why),
-            (std::vector<int>{4, 5, 6, 8}));
+  EXPECT_EQ(
+      cpus_for_rank("core", allowed, pkg, 0, 3, why), (std::vector<int>{0, 1}));
+  EXPECT_EQ(
+      cpus_for_rank("core", allowed, pkg, 2, 3, why), (std::vector<int>{4, 5}));
+  EXPECT_EQ(
+      cpus_for_rank("core", allowed, pkg, 1, 2, why),
+      (std::vector<int>{4, 5, 6, 8}));
   EXPECT_TRUE(why.empty());
 }
 
@@ -34,10 +35,12 @@ TEST(CpuBinding, SocketGivesEveryCpuOfOneSocketInTurn) {
   const std::vector<int> allowed = {0, 1, 2, 3};
   const std::vector<int> pkg = {0, 1, 0, 1};
   std::string why;
-  EXPECT_EQ(cpus_for_rank("socket", allowed, pkg, 0, 4, why),
-            (std::vector<int>{0, 2}));
-  EXPECT_EQ(cpus_for_rank("socket", allowed, pkg, 3, 4, why),
-            (std::vector<int>{1, 3}));
+  EXPECT_EQ(
+      cpus_for_rank("socket", allowed, pkg, 0, 4, why),
+      (std::vector<int>{0, 2}));
+  EXPECT_EQ(
+      cpus_for_rank("socket", allowed, pkg, 3, 4, why),
+      (std::vector<int>{1, 3}));
 }
 
 TEST(CpuBinding, NoneBindsNothingAndAnUnknownModeIsNamed) {

@@ -16,8 +16,8 @@ namespace {
 
 using ronde::ReduceOp;
 using ronde::detail::check_descriptors;
-using ronde::detail::Descriptor;
 using ronde::detail::describe;
+using ronde::detail::Descriptor;
 using ronde::detail::OpKind;
 
 Descriptor call(
@@ -104,10 +104,11 @@ TEST(Descriptor, EveryFieldOfTheCallCounts) {
   auto op = [&](ReduceOp o) {
     return call(OpKind::Allreduce, f, "", static_cast<int>(o));
   };
-  EXPECT_NE(verdict({op(ReduceOp::Sum), op(ReduceOp::Max)}).find(
-                "rank 0 called allreduce(sum) Float[3]; rank 1 called "
+  EXPECT_NE(
+      verdict({op(ReduceOp::Sum), op(ReduceOp::Max)})
+          .find("rank 0 called allreduce(sum) Float[3]; rank 1 called "
                 "allreduce(max) Float[3]"),
-            std::string::npos);
+      std::string::npos);
   EXPECT_NE(
       verdict({sum_call(f), sum_call(at::zeros({3}, at::kDouble))})
           .find("Double[3]"),
@@ -172,8 +173,9 @@ TEST(Descriptor, PeerBytesWithoutTerminatorsStayInBounds) {
   std::memset(theirs.name, 'n', sizeof(theirs.name));
   std::memset(theirs.error, 'e', sizeof(theirs.error));
   const std::string msg = verdict({mine, theirs});
-  EXPECT_NE(msg.find("'" + std::string(sizeof(theirs.name), 'n') + "'"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("'" + std::string(sizeof(theirs.name), 'n') + "'"),
+      std::string::npos)
       << msg;
 }
 
@@ -210,9 +212,11 @@ TEST(Descriptor, FingerprintsTellCallsApartAsTheCheckDoes) {
   EXPECT_NE(fingerprint(sum_call(t)), fingerprint(sum_call(t, "y")));
   EXPECT_NE(
       fingerprint(sum_call(t)),
-      fingerprint(call(OpKind::Allreduce, t, "x", static_cast<int>(ReduceOp::Max))));
+      fingerprint(
+          call(OpKind::Allreduce, t, "x", static_cast<int>(ReduceOp::Max))));
   EXPECT_NE(
-      fingerprint(sum_call(t)), fingerprint(sum_call(at::zeros({4, 5}, at::kDouble))));
+      fingerprint(sum_call(t)),
+      fingerprint(sum_call(at::zeros({4, 5}, at::kDouble))));
   EXPECT_NE(
       fingerprint(call(OpKind::Broadcast, t, "x", -1, 0)),
       fingerprint(call(OpKind::Broadcast, t, "x", -1, 1)));
@@ -225,7 +229,13 @@ TEST(Descriptor, FingerprintsTellCallsApartAsTheCheckDoes) {
       fingerprint(call(OpKind::Allgather, at::zeros({2, 4}), "g")));
   EXPECT_EQ(
       fingerprint(sum_call(t)),
-      fingerprint(call(OpKind::Allreduce, t, "x", static_cast<int>(ReduceOp::Sum), -1, "bad")));
+      fingerprint(call(
+          OpKind::Allreduce,
+          t,
+          "x",
+          static_cast<int>(ReduceOp::Sum),
+          -1,
+          "bad")));
 }
 
 TEST(Descriptor, FramesHoldFourKibUpToSixteenRanksAndStayAligned) {

@@ -1,6 +1,6 @@
 // Launcher environment parsing: each convention, precedence, and bad values.
-#include "fake_env.h"
 #include "runtime/launch_env.h"
+#include "fake_env.h"
 #include "runtime/settings.h"
 
 #include <c10/util/Exception.h>

@@ -135,8 +135,8 @@ TEST(Layering, ToolsUseLibTorchFreeRuntimeOnly) {
       const std::string theirs = layer_of(target);
       if (!kLevel.count(theirs) || !seen.insert(inc).second)
         continue;  // its own directory's header, or walked already
-      EXPECT_EQ(theirs, "runtime")
-          << rel << " reaches " << inc << ": the launcher may use runtime/ only";
+      EXPECT_EQ(theirs, "runtime") << rel << " reaches " << inc
+                                   << ": the launcher may use runtime/ only";
       const fs::path header = src / target;
       ASSERT_TRUE(fs::exists(header)) << rel << " includes " << inc;
       EXPECT_FALSE(includes_libtorch(header))

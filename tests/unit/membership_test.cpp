@@ -18,8 +18,8 @@ using Arrivals = std::vector<std::pair<int, std::vector<int>>>;
 
 TEST(Membership, WaitsForEveryMemberNobodySuspects) {
   const std::vector<int> previous = {0, 1, 2, 3};
-  EXPECT_TRUE(decide_members(previous, Arrivals{{1, {3}}, {0, {3}}}, 1, false)
-                  .empty());
+  EXPECT_TRUE(
+      decide_members(previous, Arrivals{{1, {3}}, {0, {3}}}, 1, false).empty());
   EXPECT_EQ(
       decide_members(previous, Arrivals{{1, {3}}, {0, {3}}, {2, {}}}, 1, false),
       (std::vector<int>{0, 1, 2}));
@@ -31,20 +31,21 @@ TEST(Membership, WaitsForEveryMemberNobodySuspects) {
 
 TEST(Membership, KeepsTheOldOrderAndPutsNewMembersLast) {
   EXPECT_EQ(
-      decide_members({5, 2, 7}, Arrivals{{9, {}}, {7, {}}, {5, {}}, {2, {}}},
-                     1, false),
+      decide_members(
+          {5, 2, 7}, Arrivals{{9, {}}, {7, {}}, {5, {}}, {2, {}}}, 1, false),
       (std::vector<int>{5, 2, 7, 9}));
 }
 
 TEST(Membership, NeedsTheMinimum) {
-  EXPECT_TRUE(decide_members({0, 1, 2}, Arrivals{{0, {2}}, {1, {2}}}, 3, true)
-                  .empty());
+  EXPECT_TRUE(
+      decide_members({0, 1, 2}, Arrivals{{0, {2}}, {1, {2}}}, 3, true).empty());
   // An arrival that died before saying who it was counts for nothing.
-  EXPECT_TRUE(decide_members({0, 1}, Arrivals{{-1, {}}, {0, {1}}}, 2, true)
-                  .empty());
+  EXPECT_TRUE(
+      decide_members({0, 1}, Arrivals{{-1, {}}, {0, {1}}}, 2, true).empty());
 }
 
-ronde::detail::MembershipRequest request(int member, std::vector<int> suspects) {
+ronde::detail::MembershipRequest request(
+    int member, std::vector<int> suspects) {
   ronde::detail::MembershipRequest r;
   r.job_id = "membership-test";
   r.epoch = 1;
@@ -83,8 +84,9 @@ TEST(Membership, TooFewWithinTheTimeoutIsAnError) {
     ronde::detail::meet_members(*store, r);
     FAIL() << "one rank formed a world with a minimum of two";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("fewer than the job's minimum of 2"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("fewer than the job's minimum of 2"),
+        std::string::npos)
         << e.what();
   }
 }

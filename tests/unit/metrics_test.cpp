@@ -258,9 +258,8 @@ TEST(TrainingMonitor, ResourceFiguresMatchTheProcess) {
   const ronde::ResourceStats busy = m.last_progress().resources;
   const double rss_after = proc_status_mb("VmRSS");
   const double hwm = proc_status_mb("VmHWM");
-  EXPECT_NEAR(
-      busy.cpu_percent, cpu_percent_between(epoch_start, busy_end), 15);
-  EXPECT_GT(busy.cpu_percent, 10);  // the thread spun
+  EXPECT_NEAR(busy.cpu_percent, cpu_percent_between(epoch_start, busy_end), 15);
+  EXPECT_GT(busy.cpu_percent, 10);   // the thread spun
   EXPECT_LT(busy.cpu_percent, 150);  // one thread spinning
   EXPECT_DOUBLE_EQ(busy.cpu_percent_max, busy.cpu_percent);  // one rank
   EXPECT_GT(busy.rss_mb, 1);

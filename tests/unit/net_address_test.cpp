@@ -45,7 +45,8 @@ TEST(IfnameFilter, PicksTheFirstMatchingAddressOfTheWantedFamily) {
       "10.1.0.7");  // no IPv6 there: the other family
   // An exclusion list never picks loopback.
   EXPECT_EQ(
-      filtered_address(kInterfaces, parse_ifname_filter("^docker", false), false),
+      filtered_address(
+          kInterfaces, parse_ifname_filter("^docker", false), false),
       "198.18.0.7");
   // Naming loopback picks it.
   EXPECT_EQ(
@@ -57,12 +58,12 @@ TEST(IfnameFilter, PicksTheFirstMatchingAddressOfTheWantedFamily) {
 }
 
 TEST(Loopback, RecognisesEveryLoopbackForm) {
-  for (const char* a : {"127.0.0.1", "127.0.1.1", "::1", "localhost",
-                        "::ffff:127.0.0.1"}) {
+  for (const char* a :
+       {"127.0.0.1", "127.0.1.1", "::1", "localhost", "::ffff:127.0.0.1"}) {
     EXPECT_TRUE(is_loopback_address(a)) << a;
   }
-  for (const char* a : {"198.18.0.1", "10.0.0.1", "fd00::1", "h0", "",
-                        "128.0.0.1"}) {
+  for (const char* a :
+       {"198.18.0.1", "10.0.0.1", "fd00::1", "h0", "", "128.0.0.1"}) {
     EXPECT_FALSE(is_loopback_address(a)) << a;
   }
 }
@@ -92,10 +93,12 @@ TEST(ChooseAddress, FollowsTheDocumentedOrder) {
     choose_address(r, kInterfaces);
     FAIL() << "no interface matches";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("GLOO_SOCKET_IFNAME=wlan0"),
-              std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("eth0 198.18.0.7"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("GLOO_SOCKET_IFNAME=wlan0"),
+        std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("eth0 198.18.0.7"), std::string::npos)
+        << e.what();
   }
   r.ifname.clear();
   r.rendezvous_addr = "127.0.0.1";

@@ -23,8 +23,15 @@ TEST(RonderunElastic, ReadsTheElasticOptions) {
   Options o;
   ASSERT_EQ(
       parse(
-          {"-np", "2", "--min-np", "1", "--max-np", "4",
-           "--host-discovery-script", "./hosts.sh", "--restart-failed",
+          {"-np",
+           "2",
+           "--min-np",
+           "1",
+           "--max-np",
+           "4",
+           "--host-discovery-script",
+           "./hosts.sh",
+           "--restart-failed",
            "cmd"},
           o),
       "");
@@ -41,9 +48,9 @@ TEST(RonderunElastic, RefusesGrowthWithoutAnElasticJob) {
       "--max-np, --host-discovery-script and --restart-failed are for "
       "elastic jobs: give --min-np too");
   EXPECT_EQ(
-      parse({"-np", "2", "--min-np", "1", "--host-discovery-script", "s",
-             "cmd"},
-            b),
+      parse(
+          {"-np", "2", "--min-np", "1", "--host-discovery-script", "s", "cmd"},
+          b),
       "--host-discovery-script needs --max-np (how far the job may grow)");
   EXPECT_EQ(
       parse({"-np", "3", "--min-np", "1", "--max-np", "2", "cmd"}, c),
@@ -55,22 +62,31 @@ TEST(RonderunElastic, RefusesGrowthWithoutAnElasticJob) {
 
 TEST(RonderunElastic, TellsTheRanksTheStoreIsHostedAndTheMinimum) {
   Options o;
-  ASSERT_EQ(parse({"-np", "2", "--min-np", "1", "--port", "29500", "cmd"}, o),
-            "");
+  ASSERT_EQ(
+      parse({"-np", "2", "--min-np", "1", "--port", "29500", "cmd"}, o), "");
   const std::vector<RankLaunch> l = rank_launches(o, {}, JobContext{});
   const Strings& env = l[1].env;
-  EXPECT_NE(std::find(env.begin(), env.end(), "RONDE_STORE_HOSTED=1"),
-            env.end());
-  EXPECT_NE(std::find(env.begin(), env.end(), "RONDE_ELASTIC_MIN_NP=1"),
-            env.end());
+  EXPECT_NE(
+      std::find(env.begin(), env.end(), "RONDE_STORE_HOSTED=1"), env.end());
+  EXPECT_NE(
+      std::find(env.begin(), env.end(), "RONDE_ELASTIC_MIN_NP=1"), env.end());
 }
 
 TEST(RonderunElastic, AJoiningRankIsAWorldOfOneWithItsMemberId) {
   Options o;
-  ASSERT_EQ(parse({"-np", "2", "--min-np", "1", "--port", "29500",
-                   "--job-id", "j", "cmd"},
-                  o),
-            "");
+  ASSERT_EQ(
+      parse(
+          {"-np",
+           "2",
+           "--min-np",
+           "1",
+           "--port",
+           "29500",
+           "--job-id",
+           "j",
+           "cmd"},
+          o),
+      "");
   JobContext job;
   job.secret_file = "/s/secret";
   const RankLaunch l =
@@ -118,8 +134,7 @@ TEST(RonderunElastic, PlacesNewRanksOnFreeSlotsWithinTheMaximum) {
       plan_growth(found, {{"", 2}, {"b", 1}}, 5, {"c"}),
       (Strings{"localhost", "b"}));
   EXPECT_EQ(plan_growth(found, {{"", 2}, {"b", 1}}, 3, {}), Strings{});
-  EXPECT_EQ(
-      plan_growth(found, {{"", 3}}, 6, {}), (Strings{"b", "b", "c"}));
+  EXPECT_EQ(plan_growth(found, {{"", 3}}, 6, {}), (Strings{"b", "b", "c"}));
 }
 
 TEST(RonderunElastic, RunsTheDiscoveryScript) {

@@ -827,22 +827,35 @@ TEST_F(RonderunTest, StopsAMultiHostJobWhenAHostsCommandDies) {
 
 TEST_F(RonderunTest, RefusesAFirstHostItCannotResolve) {
   const RunResult result = run_ronderun(
-      {"-H", "no-such-host.invalid:1,other.invalid:1", "--rsh", kFakeRsh,
-       "--", "true"});
+      {"-H",
+       "no-such-host.invalid:1,other.invalid:1",
+       "--rsh",
+       kFakeRsh,
+       "--",
+       "true"});
   EXPECT_EQ(result.exit_code, 1) << result.err;
-  EXPECT_TRUE(contains(result.err, "cannot resolve the first host "
-                                   "'no-such-host.invalid'"))
+  EXPECT_TRUE(contains(
+      result.err,
+      "cannot resolve the first host "
+      "'no-such-host.invalid'"))
       << result.err;
   EXPECT_TRUE(contains(result.err, "--host")) << result.err;
 }
 
 TEST_F(RonderunTest, RunsLocalhostEntriesWithoutTheTemplate) {
   const RunResult result = run_ronderun(
-      {"-H", "localhost:2", "--rsh", "false", "--", "sh", "-c",
+      {"-H",
+       "localhost:2",
+       "--rsh",
+       "false",
+       "--",
+       "sh",
+       "-c",
        "echo $RONDE_RENDEZVOUS_ADDR $RONDE_LOCAL_SIZE"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   const std::set<std::string> lines = line_set(result.out);
-  EXPECT_EQ(lines, (std::set<std::string>{"[0] 127.0.0.1 2", "[1] 127.0.0.1 2"}));
+  EXPECT_EQ(
+      lines, (std::set<std::string>{"[0] 127.0.0.1 2", "[1] 127.0.0.1 2"}));
 }
 
 std::string read_whole(const std::string& path) {

@@ -53,10 +53,12 @@ TEST(RonderunOptions, TakesTheDefaults) {
 }
 
 TEST(RonderunOptions, ReadsEveryOption) {
-  const Options o = parsed(
-      {"-n", "2", "--timeout", "30", "--job-id", "j1", "--port", "29500",
-       "--host", "10.0.0.5", "--rsh", "sh -c", "-x", "A=1", "-x", "B",
-       "--timeline", "tl", "--no-prefix", "--verbose", "--", "-cmd", "x"});
+  const Options o =
+      parsed({"-n",    "2",          "--timeout", "30",          "--job-id",
+              "j1",    "--port",     "29500",     "--host",      "10.0.0.5",
+              "--rsh", "sh -c",      "-x",        "A=1",         "-x",
+              "B",     "--timeline", "tl",        "--no-prefix", "--verbose",
+              "--",    "-cmd",       "x"});
   EXPECT_EQ(o.num_ranks, 2);
   EXPECT_EQ(o.timeout_seconds, 30);
   EXPECT_EQ(o.job_id, "j1");
@@ -258,8 +260,11 @@ TEST(RonderunRankEnv, GivesALocalJobItsOwnVariablesOnly) {
   job.cwd = "/w";
   const std::vector<RankLaunch> l = rank_launches(
       o,
-      {"HOME=/h", "RONDE_RANK=7", "RONDE_JOB_ID=outer",
-       "RONDE_TIMEOUT_SECONDS=9", "RONDE_TIMELINE=/t",
+      {"HOME=/h",
+       "RONDE_RANK=7",
+       "RONDE_JOB_ID=outer",
+       "RONDE_TIMEOUT_SECONDS=9",
+       "RONDE_TIMELINE=/t",
        "RONDE_JOB_SECRET_FILE=/old"},
       job);
   ASSERT_EQ(l.size(), 2u);
@@ -286,8 +291,17 @@ TEST(RonderunRankEnv, GivesALocalJobItsOwnVariablesOnly) {
 
 TEST(RonderunRankEnv, TimeoutTimelineAndExportsReplaceInherited) {
   const Options o = parsed(
-      {"-np", "1", "--timeout", "60", "--timeline", "/tl", "-x", "FOO=bar",
-       "-x", "KEEP", "cmd"});
+      {"-np",
+       "1",
+       "--timeout",
+       "60",
+       "--timeline",
+       "/tl",
+       "-x",
+       "FOO=bar",
+       "-x",
+       "KEEP",
+       "cmd"});
   const Strings base = base_environment(
       o, {"RONDE_TIMEOUT_SECONDS=9", "RONDE_TIMELINE=/t", "KEEP=k", "=odd"});
   EXPECT_EQ(base, (Strings{"KEEP=k", "=odd", "FOO=bar"}));
@@ -311,9 +325,22 @@ TEST(RonderunRankEnv, TimeoutTimelineAndExportsReplaceInherited) {
 
 TEST(RonderunRankEnv, StartsOtherHostsRanksThroughTheTemplate) {
   const Options o = parsed(
-      {"-H", "localhost:1,node1:1", "--rsh", "sh -c", "--port", "7",
-       "--host", "10.0.0.1", "--job-id", "j", "-x", "KEEP", "-x", "SET=1",
-       "run", "it"});
+      {"-H",
+       "localhost:1,node1:1",
+       "--rsh",
+       "sh -c",
+       "--port",
+       "7",
+       "--host",
+       "10.0.0.1",
+       "--job-id",
+       "j",
+       "-x",
+       "KEEP",
+       "-x",
+       "SET=1",
+       "run",
+       "it"});
   JobContext job;
   job.secret_file = "/s/secret";
   job.secret_on_stdin = true;
@@ -358,8 +385,13 @@ TEST(RonderunRankEnv, StartsOtherHostsRanksThroughTheTemplate) {
           "RONDE_JOB_ID=j RONDE_BIND_TO=core run it"}));
   EXPECT_EQ(
       remote_environment(
-          {"A=1", "OMP_NUM_THREADS=2", "NCCL_X=", "VIRTUAL_ENV=/v",
-           "PYTHONPATH=p", "LD_LIBRARY_PATH=l", "MYVAR=m"},
+          {"A=1",
+           "OMP_NUM_THREADS=2",
+           "NCCL_X=",
+           "VIRTUAL_ENV=/v",
+           "PYTHONPATH=p",
+           "LD_LIBRARY_PATH=l",
+           "MYVAR=m"},
           {"MYVAR"}),
       (Strings{
           "OMP_NUM_THREADS=2",

@@ -2,8 +2,8 @@
 // rule that keeps README.md true: the Settings table lists exactly the
 // variables the code reads, and no file outside the settings and the launch
 // environment reads the environment itself.
-#include "fake_env.h"
 #include "runtime/settings.h"
+#include "fake_env.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -105,8 +105,7 @@ TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
     ++files;
     const std::string text = read_file(entry.path());
     const std::string rel = fs::relative(entry.path(), kRoot).string();
-    for (std::sregex_iterator it(text.begin(), text.end(), literal), e;
-         it != e;
+    for (std::sregex_iterator it(text.begin(), text.end(), literal), e; it != e;
          ++it) {
       const std::string s = it->str();
       for (std::sregex_iterator t(s.begin(), s.end(), token), te; t != te;
@@ -120,8 +119,9 @@ TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
     // Only the settings and the launch environment read the environment.
     if (rel != "plugin/src/runtime/launch_env.cpp") {
       EXPECT_EQ(text.find("getenv("), std::string::npos)
-          << rel << " reads the environment itself: add the variable to "
-                    "runtime/settings.h instead";
+          << rel
+          << " reads the environment itself: add the variable to "
+             "runtime/settings.h instead";
     }
   }
   EXPECT_GT(files, 20) << "the sources were not found under " << kRoot;
@@ -218,18 +218,18 @@ TEST(Settings, SharedMemoryVariables) {
   EXPECT_EQ(s.shm_tuning.split_bytes_for(2), 0u);
   EXPECT_EQ(s.shm_tuning.zero_copy_min_bytes, 0u);
   EXPECT_NE(
-      error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}}).find(
-          "RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),
+      error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}})
+          .find("RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),
       std::string::npos);
   for (const char* bad : {"-1", "1e6", "64K", "x"}) {
     EXPECT_NE(
-        error_of({{"RONDE_SHM_ZERO_COPY_BYTES", bad}}).find(
-            "is not a whole number of bytes"),
+        error_of({{"RONDE_SHM_ZERO_COPY_BYTES", bad}})
+            .find("is not a whole number of bytes"),
         std::string::npos)
         << bad;
     EXPECT_NE(
-        error_of({{"RONDE_SHM_SPLIT_BYTES", bad}}).find(
-            "is not a whole number of bytes"),
+        error_of({{"RONDE_SHM_SPLIT_BYTES", bad}})
+            .find("is not a whole number of bytes"),
         std::string::npos)
         << bad;
   }
@@ -265,7 +265,8 @@ TEST(Settings, AcrossHostsVariables) {
   EXPECT_EQ(s.socket_ifname, "eth1");
   EXPECT_EQ(s.socket_ifname_variable, "GLOO_SOCKET_IFNAME");
   EXPECT_NE(
-      error_of({{"RONDE_HIERARCHICAL", "auto"}}).find("RONDE_HIERARCHICAL='auto'"),
+      error_of({{"RONDE_HIERARCHICAL", "auto"}})
+          .find("RONDE_HIERARCHICAL='auto'"),
       std::string::npos);
 }
 

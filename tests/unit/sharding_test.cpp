@@ -1,8 +1,8 @@
 // ZeRO ownership (engine/sharding.h): balanced aligned ranges that tile a
 // bucket in rank order, the pieces of parameters inside each, and the
 // aligned layout they assume.
-#include "engine/bucket_layout.h"
 #include "engine/sharding.h"
+#include "engine/bucket_layout.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -34,7 +34,11 @@ TEST(Sharding, PiecesCoverEveryParameterOnceAcrossRanks) {
       at::zeros({5, 7}), at::zeros({3}), at::zeros({40}), at::zeros({2, 2})};
   std::vector<std::string> names = {"a", "b", "c", "d"};
   BucketLayout layout = make_layout(
-      names, params, reverse_order(params.size()), 1 << 20, 1 << 20,
+      names,
+      params,
+      reverse_order(params.size()),
+      1 << 20,
+      1 << 20,
       kShardAlign);
   ASSERT_EQ(layout.buckets.size(), 1u);
   // Aligned segments, padded end.
@@ -62,7 +66,8 @@ TEST(Sharding, PiecesCoverEveryParameterOnceAcrossRanks) {
 }
 
 TEST(Sharding, UnalignedLayoutGetsTheAlignedPieces) {
-  std::vector<at::Tensor> params = {at::zeros({5, 7}), at::zeros({3}), at::zeros({40})};
+  std::vector<at::Tensor> params = {
+      at::zeros({5, 7}), at::zeros({3}), at::zeros({40})};
   std::vector<std::string> names = {"a", "b", "c"};
   auto order = reverse_order(params.size());
   BucketLayout aligned =

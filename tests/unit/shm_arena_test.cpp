@@ -170,7 +170,7 @@ class Placed {
     if (p == Placement::AllShifted && r == n - 1)
       pad_ = a.allocate(4096);
     want_ = bytes > 0 &&
-        (all_in_arenas(p) || (p == Placement::OnlyRank1 && r == 1));
+            (all_in_arenas(p) || (p == Placement::OnlyRank1 && r == 1));
     if (want_)
       at_ = a.allocate(bytes);
   }
@@ -216,7 +216,8 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
         arena_options(job, r, n, /*split=*/n > 2), file_rendezvous(job.rv_dir));
     shm::Arena& a = *t->arena();
     // Around the 4096-byte chunk (1024 floats), and many chunks.
-    for (size_t count : {size_t{1}, size_t{1000}, size_t{5000}, size_t{70001}}) {
+    for (size_t count :
+         {size_t{1}, size_t{1000}, size_t{5000}, size_t{70001}}) {
       for (Placement p : kPlacements) {
         Placed placed(a, p, r, n, count * sizeof(float));
         if (!placed.ok())
@@ -269,7 +270,8 @@ TEST_P(ZeroCopy, AllreduceEqualsTheCopyingOne) {
         for (size_t i = 0; i < count; ++i)
           buf[i] = copy[i] = small[i] = value(r, i);
         t->allreduce(buf, count, DType::F32, Reduction::Sum, third);
-        whole->allreduce(small.data(), count, DType::F32, Reduction::Sum, third);
+        whole->allreduce(
+            small.data(), count, DType::F32, Reduction::Sum, third);
         t->allreduce(copy.data(), count, DType::F32, Reduction::Sum);
         for (size_t i = 0; i < count; ++i) {
           const float want = copy[i] * static_cast<float>(third);

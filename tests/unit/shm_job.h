@@ -3,8 +3,8 @@
 // directories for the segments and the rendezvous, removed afterwards.
 #pragma once
 
-#include "comm/shm/shm_transport.h"
 #include "../scratch_dir.h"
+#include "comm/shm/shm_transport.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -60,9 +60,7 @@ inline shm::Rendezvous file_rendezvous(
   };
   rv.set = [path](const std::string& k, const std::string& v) {
     const std::string p = path(k);
-    {
-      std::ofstream(p + ".tmp") << v;
-    }
+    { std::ofstream(p + ".tmp") << v; }
     std::rename((p + ".tmp").c_str(), p.c_str());
   };
   rv.get = [path](const std::string& k) {

@@ -147,11 +147,7 @@ TEST(ShmTransport, CollectivesAcrossChunks) {
       std::vector<int64_t> rs(counts[0] + counts[1] + counts[2], r + 1);
       std::vector<int64_t> mine(counts[r]);
       t->reduce_scatter(
-          rs.data(),
-          mine.data(),
-          counts.data(),
-          DType::I64,
-          Reduction::Sum);
+          rs.data(), mine.data(), counts.data(), DType::I64, Reduction::Sum);
       for (int64_t v : mine) {
         if (v != 6)
           return 13;
@@ -233,7 +229,7 @@ TEST_P(KilledPeer, IsNamedQuicklyInEveryCollective) {
       // One call before the death: it takes the in-place path.
       auto in_place = [&] {
         return t->zero_copy_allreduces() + t->zero_copy_reduce_scatters() +
-            t->zero_copy_allgathers();
+               t->zero_copy_allgathers();
       };
       const uint64_t before = in_place();
       run_collective(*t, op, r, n, buf);
@@ -285,8 +281,12 @@ TEST_P(KilledPeer, IsNamedQuicklyInEveryCollective) {
       named = f;
     ASSERT_NE(f.find("seconds "), std::string::npos) << f;
     const double seconds = std::stod(f.substr(f.find("seconds ") + 8));
-    std::printf("%s: rank %d failed after %.3f s: %s", op.c_str(), r, seconds,
-                f.substr(0, f.find('\n') + 1).c_str());
+    std::printf(
+        "%s: rank %d failed after %.3f s: %s",
+        op.c_str(),
+        r,
+        seconds,
+        f.substr(0, f.find('\n') + 1).c_str());
     EXPECT_LT(seconds, 5.0) << f;
   }
   EXPECT_NE(named.find("exited"), std::string::npos) << named;
@@ -404,16 +404,10 @@ TEST(ShmTransport, StaleSegmentsOfDeadOwnersAreRemoved) {
   const std::string dir = make_dir("/dev/shm");
   ASSERT_FALSE(dir.empty());
   // Left by a job killed during init: no process holds its lock.
-  {
-    std::ofstream(dir + "/ronde-00ff-1") << "x";
-  }
+  { std::ofstream(dir + "/ronde-00ff-1") << "x"; }
   // One whose owner lives (a child holding the lock).
-  {
-    std::ofstream(dir + "/ronde-00ff-0") << "x";
-  }
-  {
-    std::ofstream(dir + "/other-file") << "x";
-  }
+  { std::ofstream(dir + "/ronde-00ff-0") << "x"; }
+  { std::ofstream(dir + "/other-file") << "x"; }
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   pid_t owner = ::fork();

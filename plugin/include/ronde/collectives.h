@@ -113,10 +113,10 @@ class Handle {
 // Gradients: the blocking out-of-place forms below (allreduce, allgather,
 // broadcast, alltoall, reducescatter) are differentiable. When the input
 // requires a gradient and grad mode is on, the output's grad_fn applies
-// Horovod's backward rule: allreduce, the same all-reduce of the gradients (Product: their
-// sum times the product over the input; Min and Max refuse such an input);
-// broadcast, the gradients averaged over the set on the root and zero
-// elsewhere; allgather, the averaged gradients of this rank's rows;
+// Horovod's backward rule: allreduce, the same all-reduce of the gradients
+// (Product: their sum times the product over the input; Min and Max refuse such
+// an input); broadcast, the gradients averaged over the set on the root and
+// zero elsewhere; allgather, the averaged gradients of this rank's rows;
 // alltoall, the gradients sent back along the received splits;
 // reducescatter (Sum, Average), an allgather of the gradients, times the
 // set's size for Sum and times the scale factors. Every rank must then

@@ -37,14 +37,15 @@ namespace elastic {
 //
 // Ranks lost are left behind; ranks started later (ronderun
 // --restart-failed, --host-discovery-script) join at a commit and take the
-// state from rank 0. What depends on the world follows it: a DistributedOptimizer's LR factor
-// (lr_scaling) is recomputed for the new size, a WarmupScheduler keeps its
-// step and rescales its peak, and a DistributedSampler splits what is left
-// of the epoch over the new ranks, so every sample is used once. Added
-// process sets do not survive a change of world: make them again in an
-// on_reset() callback. Random number generators are not part of a commit.
-// What commit() throws when processes wait to join (Horovod's name): run()
-// admits them and goes on with the bigger world from this commit.
+// state from rank 0. What depends on the world follows it: a
+// DistributedOptimizer's LR factor (lr_scaling) is recomputed for the new size,
+// a WarmupScheduler keeps its step and rescales its peak, and a
+// DistributedSampler splits what is left of the epoch over the new ranks, so
+// every sample is used once. Added process sets do not survive a change of
+// world: make them again in an on_reset() callback. Random number generators
+// are not part of a commit. What commit() throws when processes wait to join
+// (Horovod's name): run() admits them and goes on with the bigger world from
+// this commit.
 class HostsUpdatedInterrupt : public std::runtime_error {
  public:
   HostsUpdatedInterrupt()

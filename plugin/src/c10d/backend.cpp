@@ -53,7 +53,8 @@ Backend::Backend(const BackendOptions& o)
   if (global_ranks_.empty()) {
     // The default group: ronde's world, started from its store if need be.
     const auto [addr, port] = store_address(o.store);
-    ronde::detail::attach_to_store(o.store, o.rank, o.size, o.timeout, addr, port);
+    ronde::detail::attach_to_store(
+        o.store, o.rank, o.size, o.timeout, addr, port);
     global_ranks_.resize(o.size);
     std::iota(global_ranks_.begin(), global_ranks_.end(), 0);
     p2p_ = std::make_unique<ronde::detail::PointToPoint>(
@@ -62,16 +63,25 @@ Backend::Backend(const BackendOptions& o)
   }
   TORCH_CHECK(
       is_initialized(),
-      "ronde: process group '", o.group_name, "' needs ronde's world first: "
+      "ronde: process group '",
+      o.group_name,
+      "' needs ronde's world first: "
       "create the default group with init_process_group(\"ronde\"), or call "
       "ronde.init()");
   TORCH_CHECK(
       static_cast<int>(global_ranks_.size()) == o.size && o.rank >= 0 &&
           o.rank < o.size && global_ranks_[o.rank] == ronde::rank(),
-      "ronde: process group '", o.group_name, "' says this process is rank ",
-      o.rank, " of ", o.size, " with global ranks ",
-      ronde::detail::rank_list(global_ranks_), ", but it is rank ",
-      ronde::rank(), " of ronde's world");
+      "ronde: process group '",
+      o.group_name,
+      "' says this process is rank ",
+      o.rank,
+      " of ",
+      o.size,
+      " with global ranks ",
+      ronde::detail::rank_list(global_ranks_),
+      ", but it is rank ",
+      ronde::rank(),
+      " of ronde's world");
   set_ = ronde::detail::add_member_set(global_ranks_, o.group_name);
   p2p_ = std::make_unique<ronde::detail::PointToPoint>(
       global_ranks_, name_, o.rank, o.store);
@@ -85,14 +95,16 @@ Backend::~Backend() {
   }
 }
 
-
 c10::intrusive_ptr<::c10d::Work> Backend::broadcast(
     std::vector<at::Tensor>& tensors, const ::c10d::BroadcastOptions& opts) {
   return RONDE_LAUNCH(BROADCAST, "broadcast", tensors, [&] {
     const at::Tensor t = one(tensors, "broadcast");
     return std::vector<Handle>{ronde::detail::broadcast_call(
-        t, static_cast<int>(opts.rootRank),
-        CollectiveOptions().process_set(set_), true, !opts.asyncOp)};
+        t,
+        static_cast<int>(opts.rootRank),
+        CollectiveOptions().process_set(set_),
+        true,
+        !opts.asyncOp)};
   });
 }
 
@@ -115,17 +127,22 @@ c10::intrusive_ptr<::c10d::Work> Backend::allreduce_coalesced(
     const ::c10d::AllreduceCoalescedOptions& opts) {
   auto flat = std::make_shared<at::Tensor>();
   return RONDE_LAUNCH(
-      ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
+      ALLREDUCE_COALESCED,
+      "allreduce_coalesced",
+      tensors,
       [&] {
         for (const at::Tensor& t : tensors) {
           TORCH_CHECK(
               t.scalar_type() == tensors[0].scalar_type(),
               "ronde: allreduce_coalesced needs tensors of one type, got ",
-              tensors[0].scalar_type(), " and ", t.scalar_type());
+              tensors[0].scalar_type(),
+              " and ",
+              t.scalar_type());
         }
         *flat = flat_cat(tensors);
         double pre = 1.0;
-        const ReduceOp op = reduction(opts.reduceOp, "allreduce_coalesced", &pre);
+        const ReduceOp op =
+            reduction(opts.reduceOp, "allreduce_coalesced", &pre);
         return std::vector<Handle>{ronde::detail::allreduce_call(
             *flat,
             AllreduceOptions().op(op).prescale_factor(pre).process_set(set_),
@@ -141,23 +158,24 @@ c10::intrusive_ptr<::c10d::Work> Backend::reduce(
   // (the others' tensors stay as they were).
   const bool root = opts.rootRank == rank_;
   auto handle = std::make_shared<Handle>();
-  return RONDE_LAUNCH(
-      REDUCE, "reduce", tensors,
-      [&] {
-        const at::Tensor t = one(tensors, "reduce");
-        TORCH_CHECK(
-            opts.rootRank >= 0 && opts.rootRank < size_,
-            "ronde: reduce: root rank ", opts.rootRank, " is outside [0, ",
-            size_, ")");
-        double pre = 1.0;
-        const ReduceOp op = reduction(opts.reduceOp, "reduce", &pre);
-        *handle = ronde::detail::allreduce_call(
-            t,
-            AllreduceOptions().op(op).prescale_factor(pre).process_set(set_),
-            /*in_place=*/root,
-            !opts.asyncOp);
-        return std::vector<Handle>{*handle};
-      });
+  return RONDE_LAUNCH(REDUCE, "reduce", tensors, [&] {
+    const at::Tensor t = one(tensors, "reduce");
+    TORCH_CHECK(
+        opts.rootRank >= 0 && opts.rootRank < size_,
+        "ronde: reduce: root rank ",
+        opts.rootRank,
+        " is outside [0, ",
+        size_,
+        ")");
+    double pre = 1.0;
+    const ReduceOp op = reduction(opts.reduceOp, "reduce", &pre);
+    *handle = ronde::detail::allreduce_call(
+        t,
+        AllreduceOptions().op(op).prescale_factor(pre).process_set(set_),
+        /*in_place=*/root,
+        !opts.asyncOp);
+    return std::vector<Handle>{*handle};
+  });
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::allgather(
@@ -168,29 +186,42 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather(
   TORCH_CHECK(outputs.size() == 1, "ronde: allgather takes one output list");
   std::vector<at::Tensor> outs = outputs[0];
   return RONDE_LAUNCH(
-      ALLGATHER, "allgather", outs,
+      ALLGATHER,
+      "allgather",
+      outs,
       [&] {
         check_same_count(outs, size_, "allgather");
         *handle = ronde::detail::allgather_call(
             row(one(inputs, "allgather")),
-            CollectiveOptions().process_set(set_), !opts.asyncOp);
+            CollectiveOptions().process_set(set_),
+            !opts.asyncOp);
         return std::vector<Handle>{*handle};
       },
       [outs, handle] { scatter_into(outs, handle->result()); });
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const ::c10d::AllgatherOptions& opts) {
+    at::Tensor& output,
+    at::Tensor& input,
+    const ::c10d::AllgatherOptions& opts) {
   auto handle = std::make_shared<Handle>();
   return RONDE_LAUNCH(
-      _ALLGATHER_BASE, "allgather_into_tensor", {output},
+      _ALLGATHER_BASE,
+      "allgather_into_tensor",
+      {output},
       [&] {
         TORCH_CHECK(
             output.numel() == input.numel() * size_,
-            "ronde: allgather_into_tensor: the output has ", output.numel(),
-            " elements, not ", size_, " x ", input.numel());
+            "ronde: allgather_into_tensor: the output has ",
+            output.numel(),
+            " elements, not ",
+            size_,
+            " x ",
+            input.numel());
         *handle = ronde::detail::allgather_call(
-            row(input), CollectiveOptions().process_set(set_), !opts.asyncOp,
+            row(input),
+            CollectiveOptions().process_set(set_),
+            !opts.asyncOp,
             output.is_contiguous() ? output : at::Tensor());
         return std::vector<Handle>{*handle};
       },
@@ -206,12 +237,17 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather_coalesced(
   for (const auto& list : outputs)
     all.insert(all.end(), list.begin(), list.end());
   return RONDE_LAUNCH(
-      ALLGATHER_COALESCED, "allgather_coalesced", all,
+      ALLGATHER_COALESCED,
+      "allgather_coalesced",
+      all,
       [&] {
         TORCH_CHECK(
             outputs.size() == inputs.size(),
-            "ronde: allgather_coalesced: ", outputs.size(),
-            " output lists for ", inputs.size(), " inputs");
+            "ronde: allgather_coalesced: ",
+            outputs.size(),
+            " output lists for ",
+            inputs.size(),
+            " inputs");
         for (size_t i = 0; i < inputs.size(); ++i) {
           check_same_count(outputs[i], size_, "allgather_coalesced");
           handles->push_back(ronde::detail::allgather_call(
@@ -231,20 +267,32 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather_into_tensor_coalesced(
     const ::c10d::AllgatherOptions& /*opts*/) {
   auto handles = std::make_shared<std::vector<Handle>>();
   return RONDE_LAUNCH(
-      COALESCED, "allgather_into_tensor_coalesced", outputs,
+      COALESCED,
+      "allgather_into_tensor_coalesced",
+      outputs,
       [&] {
         TORCH_CHECK(
             outputs.size() == inputs.size(),
-            "ronde: allgather_into_tensor_coalesced: ", outputs.size(),
-            " outputs for ", inputs.size(), " inputs");
+            "ronde: allgather_into_tensor_coalesced: ",
+            outputs.size(),
+            " outputs for ",
+            inputs.size(),
+            " inputs");
         for (size_t i = 0; i < inputs.size(); ++i) {
           TORCH_CHECK(
               outputs[i].numel() == inputs[i].numel() * size_,
-              "ronde: allgather_into_tensor_coalesced: output ", i, " has ",
-              outputs[i].numel(), " elements, not ", size_, " x ",
+              "ronde: allgather_into_tensor_coalesced: output ",
+              i,
+              " has ",
+              outputs[i].numel(),
+              " elements, not ",
+              size_,
+              " x ",
               inputs[i].numel());
           handles->push_back(ronde::detail::allgather_call(
-              row(inputs[i]), CollectiveOptions().process_set(set_), false,
+              row(inputs[i]),
+              CollectiveOptions().process_set(set_),
+              false,
               outputs[i].is_contiguous() ? outputs[i] : at::Tensor()));
         }
         return *handles;
@@ -258,7 +306,8 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<::c10d::Work> Backend::barrier(
     const ::c10d::BarrierOptions& opts) {
   return RONDE_LAUNCH(BARRIER, "barrier", {}, [&] {
-    return std::vector<Handle>{ronde::detail::barrier_call(set_, !opts.asyncOp)};
+    return std::vector<Handle>{
+        ronde::detail::barrier_call(set_, !opts.asyncOp)};
   });
 }
 
@@ -292,7 +341,9 @@ c10::intrusive_ptr<::c10d::Work> Backend::recvAnysource(
   p2p_->refuse_any_source();
   TORCH_CHECK(
       false,
-      "ronde: recv without a source rank on rank ", rank_, " is not "
+      "ronde: recv without a source rank on rank ",
+      rank_,
+      " is not "
       "supported: ronde matches messages per pair of ranks; name the sender "
       "(dist.recv(t, src=...)). The sends to this rank that wait fail too");
 }

@@ -21,7 +21,8 @@
 namespace ronde::detail::c10d_ops {
 
 // ronde's reduction for c10d's, and the factor PREMUL_SUM multiplies by.
-inline ReduceOp reduction(const ::c10d::ReduceOp& op, const char* what, double* pre) {
+inline ReduceOp reduction(
+    const ::c10d::ReduceOp& op, const char* what, double* pre) {
   *pre = 1.0;
   switch (op.op_) {
     case ::c10d::ReduceOp::SUM:
@@ -35,8 +36,10 @@ inline ReduceOp reduction(const ::c10d::ReduceOp& op, const char* what, double* 
     case ::c10d::ReduceOp::MAX:
       return ReduceOp::Max;
     case ::c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
-      TORCH_CHECK(s != nullptr, "ronde: ", what, ": PREMUL_SUM without its factor");
+      auto* s =
+          dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(
+          s != nullptr, "ronde: ", what, ": PREMUL_SUM without its factor");
       *pre = s->tensor_factor.defined() ? s->tensor_factor.item<double>()
                                         : s->double_factor;
       return ReduceOp::Sum;
@@ -54,7 +57,8 @@ inline ReduceOp reduction(const ::c10d::ReduceOp& op, const char* what, double* 
       "PREMUL_SUM, PRODUCT, MIN and MAX");
 }
 
-inline at::Tensor one(const std::vector<at::Tensor>& tensors, const char* what) {
+inline at::Tensor one(
+    const std::vector<at::Tensor>& tensors, const char* what) {
   TORCH_CHECK(
       tensors.size() == 1,
       "ronde: ",
@@ -77,7 +81,8 @@ inline void copy_into(const at::Tensor& to, const at::Tensor& from) {
 }
 
 // Copies the consecutive pieces of the flat `from` into `outputs`.
-inline void scatter_into(const std::vector<at::Tensor>& outputs, const at::Tensor& from) {
+inline void scatter_into(
+    const std::vector<at::Tensor>& outputs, const at::Tensor& from) {
   const at::Tensor flat = from.reshape({-1});
   int64_t offset = 0;
   for (const at::Tensor& out : outputs) {
@@ -112,7 +117,8 @@ inline void check_same_count(
 // The input of a reduce-scatter into `output`, as rows of one rank's part:
 // [size, output.numel()] when the input holds size x that; as it is (ronde's
 // check then fails the call on every rank) when not.
-inline at::Tensor scatter_rows(const at::Tensor& input, const at::Tensor& output, int size) {
+inline at::Tensor scatter_rows(
+    const at::Tensor& input, const at::Tensor& output, int size) {
   if (input.numel() == output.numel() * size)
     return input.reshape({size, -1});
   return input.reshape({-1});
@@ -144,7 +150,8 @@ c10::intrusive_ptr<::c10d::Work> launch(
   std::string what = std::string(op) + " on rank " + std::to_string(rank);
   if (group != "0")
     what += " of process group '" + group + "'";
-  auto work = c10::make_intrusive<C10dWork>(rank, type, what, std::move(outputs));
+  auto work =
+      c10::make_intrusive<C10dWork>(rank, type, what, std::move(outputs));
   std::vector<Handle> handles;
   try {
     handles = start();
@@ -152,7 +159,8 @@ c10::intrusive_ptr<::c10d::Work> launch(
     work->complete(std::current_exception());
     return work;
   }
-  ronde::detail::complete_when_done(work, std::move(handles), std::move(finish));
+  ronde::detail::complete_when_done(
+      work, std::move(handles), std::move(finish));
   return work;
 }
 

@@ -10,10 +10,10 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <thread>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 namespace ronde::detail {
 
@@ -152,7 +152,8 @@ c10::intrusive_ptr<C10dWork> failed_work(
     ::c10d::OpType type,
     const std::string& what,
     std::exception_ptr error) {
-  auto work = c10::make_intrusive<C10dWork>(rank, type, what, std::vector<at::Tensor>{});
+  auto work = c10::make_intrusive<C10dWork>(
+      rank, type, what, std::vector<at::Tensor>{});
   work->complete(std::move(error));
   return work;
 }

@@ -63,8 +63,9 @@ class C10dWork : public ::c10d::Work {
   std::condition_variable settled_cv_;
   std::vector<Handle> handles_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // null until asked for
-  bool claimed_ = false;  // a thread without a claim to run callbacks completes it
-  bool settled_ = false;  // complete() ran
+  bool claimed_ =
+      false;  // a thread without a claim to run callbacks completes it
+  bool settled_ = false;      // complete() ran
   std::exception_ptr error_;  // complete()'s error
 };
 

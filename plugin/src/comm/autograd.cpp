@@ -94,8 +94,9 @@ struct AllreduceBackward : CollectiveBackward {
     if (options.op() == ReduceOp::Product) {
       const at::Tensor sum = ronde::allreduce(
           grad,
-          AllreduceOptions().op(ReduceOp::Sum).process_set(
-              options.process_set()));
+          AllreduceOptions()
+              .op(ReduceOp::Sum)
+              .process_set(options.process_set()));
       return sum * output / input;
     }
     return ronde::allreduce(grad, options);
@@ -126,8 +127,7 @@ struct AllgatherBackward : CollectiveBackward {
     const int64_t rows = shape.empty() ? 1 : shape[0];
     const at::Tensor all = ronde::allgather(
         at::full({1}, rows, at::kLong), CollectiveOptions().process_set(set));
-    const int64_t offset =
-        all.narrow(0, 0, set.rank()).sum().item<int64_t>();
+    const int64_t offset = all.narrow(0, 0, set.rank()).sum().item<int64_t>();
     return averaged(grad, set).narrow(0, offset, rows).reshape(shape);
   }
 };
@@ -153,8 +153,7 @@ struct ReducescatterBackward : CollectiveBackward {
     return "ronde::ReducescatterBackward";
   }
   at::Tensor backward(const at::Tensor& grad) override {
-    at::Tensor g =
-        ronde::allgather(grad, CollectiveOptions().process_set(set));
+    at::Tensor g = ronde::allgather(grad, CollectiveOptions().process_set(set));
     return scale == 1.0 ? g : g * scale;
   }
 };
@@ -213,7 +212,8 @@ at::Tensor reducescatter_with_grad(
       without_grad([&] { return ronde::reducescatter(tensor, options); });
   auto node = c10::make_intrusive<ReducescatterBackward>();
   node->set = options.process_set();
-  node->scale = options.prescale_factor() * options.postscale_factor() *
+  node->scale =
+      options.prescale_factor() * options.postscale_factor() *
       (options.op() == ReduceOp::Sum ? options.process_set().size() : 1);
   return attach(out, tensor, node);
 }

@@ -15,7 +15,7 @@ namespace ronde::detail {
 // Whether a collective on `tensor` must record its gradient.
 inline bool wants_grad(const at::Tensor& tensor) {
   return tensor.defined() && tensor.requires_grad() &&
-      c10::GradMode::is_enabled();
+         c10::GradMode::is_enabled();
 }
 
 at::Tensor allreduce_with_grad(

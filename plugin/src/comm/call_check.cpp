@@ -60,9 +60,9 @@ size_t payload_capacity(const Communicator& comm) {
 // anyway.
 bool fusable(const Communicator& comm, const Call& call, size_t frame_bytes) {
   return call.fused_op.has_value() && call.payload.defined() &&
-      call.payload.is_contiguous() &&
-      call.payload.nbytes() <= comm.fused_capacity(frame_bytes) &&
-      !comm.reads_in_place(call.payload);
+         call.payload.is_contiguous() &&
+         call.payload.nbytes() <= comm.fused_capacity(frame_bytes) &&
+         !comm.reads_in_place(call.payload);
 }
 
 FrameHeader header_of(
@@ -100,10 +100,12 @@ void read_frames(Frames& f, uint8_t* base, int n, size_t size, size_t cap) {
     const FrameHeader& h = f.heads[r] = decode_frame_header(base + r * size, r);
     f.joined[r] = (h.flags & kFrameJoined) != 0;
     f.joined_count += f.joined[r];
-    f.settled = f.settled && h.fingerprint == f.heads[0].fingerprint &&
+    f.settled =
+        f.settled && h.fingerprint == f.heads[0].fingerprint &&
         (h.flags & (kFrameComplaint | kFrameUnverified | kFrameJoined)) == 0;
     f.all_inline = f.all_inline && (h.flags & kFrameInline) &&
-        h.inline_bytes >= 0 && static_cast<size_t>(h.inline_bytes) <= cap;
+                   h.inline_bytes >= 0 &&
+                   static_cast<size_t>(h.inline_bytes) <= cap;
   }
 }
 

@@ -74,8 +74,8 @@ void scale_in_place(const at::Tensor& t, double factor) {
 
 at::Tensor scaled(const at::Tensor& t, double factor) {
   return reduced_precision(t)
-      ? t.to(at::kFloat).mul_(factor).to(t.scalar_type())
-      : t.mul(factor);
+             ? t.to(at::kFloat).mul_(factor).to(t.scalar_type())
+             : t.mul(factor);
 }
 
 namespace {
@@ -162,7 +162,8 @@ void allreduce_work(
     double post) {
   if (ex.reduced) {
     // Call::fused_op is set only without a prescale.
-    TORCH_INTERNAL_ASSERT(pre == 1.0, "ronde: a fused all-reduce with a prescale");
+    TORCH_INTERNAL_ASSERT(
+        pre == 1.0, "ronde: a fused all-reduce with a prescale");
   } else if (!ex.payloads.empty()) {
     reduce_payloads(ex, work, op, pre);
   } else {
@@ -218,8 +219,12 @@ at::Tensor allgather_work(
   // block of it (torch's in-place all_gather_into_tensor, as FSDP calls
   // it): the backends write that block from `in` itself.
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, rows), rows * row / in.element_size(), into,
-      /*apart=*/false, exact);
+      in,
+      shape_with_dim0(in, rows),
+      rows * row / in.element_size(),
+      into,
+      /*apart=*/false,
+      exact);
   if (!ex.payloads.empty()) {
     auto* dst = static_cast<uint8_t*>(out.data_ptr());
     for (size_t r = 0; r < all.size(); ++r) {
@@ -278,9 +283,12 @@ at::Tensor alltoall_work(
   // caller reports a mismatch before anything is written), and apart from
   // `in`, which is read while the output is written.
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, rows), rows * row / in.element_size(),
+      in,
+      shape_with_dim0(in, rows),
+      rows * row / in.element_size(),
       expect.empty() || recv == expect ? into : at::Tensor(),
-      /*apart=*/true, exact);
+      /*apart=*/true,
+      exact);
   guarded(comm, c, [&] { comm.alltoall(in, send_bytes, out, recv_bytes); });
   return out;
 }
@@ -305,8 +313,12 @@ at::Tensor reducescatter_work(
   // Apart from `in`, which every block of is read while this one is
   // written (the in-place form gets a new tensor, copied out).
   at::Tensor out = output_for(
-      in, shape_with_dim0(in, block_rows(rows, n, me)), counts[me], into,
-      /*apart=*/true, exact);
+      in,
+      shape_with_dim0(in, block_rows(rows, n, me)),
+      counts[me],
+      into,
+      /*apart=*/true,
+      exact);
   if (!ex.payloads.empty()) {
     // Reduce this rank's block only.
     int64_t first = 0;

@@ -6,8 +6,8 @@
 #include <ronde/collectives.h>
 
 #include "comm/autograd.h"
-#include "comm/collective_calls.h"
 #include "comm/collective_bodies.h"
+#include "comm/collective_calls.h"
 #include "comm/host_types.h"
 #include "comm/jobs.h"
 #include "comm/world.h"
@@ -32,7 +32,7 @@ std::string check_dtype(const at::Tensor& t) {
   if (host_dtype(t.scalar_type()) >= 0)  // a row of comm/dtype_table.h
     return "";
   return std::string("dtype ") + c10::toString(t.scalar_type()) +
-      " is not supported (floating types and integers are)";
+         " is not supported (floating types and integers are)";
 }
 
 std::string check_reduction(
@@ -76,21 +76,21 @@ std::string check_out(
     return "";  // the input's own complaint
   if (out.scalar_type() != tensor.scalar_type()) {
     return std::string("out is ") + c10::toString(out.scalar_type()) +
-        ", the input " + c10::toString(tensor.scalar_type());
+           ", the input " + c10::toString(tensor.scalar_type());
   }
   if (out.device() != tensor.device())
     return "out is on " + out.device().str() + ", the input on " +
-        tensor.device().str();
+           tensor.device().str();
   if (!out.is_contiguous())
     return "out is not contiguous";
   if (out.dim() != tensor.dim() ||
       out.sizes().slice(1) != tensor.sizes().slice(1)) {
     return "out's shape " + c10::str(out.sizes()) + " differs from the " +
-        "input's " + c10::str(tensor.sizes()) + " beyond dim 0";
+           "input's " + c10::str(tensor.sizes()) + " beyond dim 0";
   }
   if (rows >= 0 && out.size(0) != rows) {
     return "out has " + std::to_string(out.size(0)) + " rows, this rank's " +
-        "part " + std::to_string(rows);
+           "part " + std::to_string(rows);
   }
   if (tensor.is_contiguous() &&
       at::get_overlap_status(out, tensor) != at::MemOverlapStatus::No)
@@ -102,7 +102,8 @@ std::string check_out(
 // only when the rows that came are not what `out` holds (check_out() ruled
 // out the rest). Fails on this rank alone: the collective itself ran
 // everywhere, and `out` is as it was.
-void expect_out(const Call& c, const at::Tensor& result, const at::Tensor& out) {
+void expect_out(
+    const Call& c, const at::Tensor& result, const at::Tensor& out) {
   if (result.data_ptr() == out.data_ptr() && result.numel() == out.numel())
     return;
   TORCH_CHECK(

@@ -224,7 +224,7 @@ void CommWorker::help(HandleState& state) {
 
 void CommWorker::run_queued_until(const HandleState& target) {
   if (executing == this)
-    return;  // a job of this worker waits: it holds busy_ itself
+    return;           // a job of this worker waits: it holds busy_ itself
   bool ran = false;   // this thread ran a job, so kept the worker from it
   bool held = false;  // this thread holds busy_
   bool target_ran = false;

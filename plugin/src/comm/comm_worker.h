@@ -10,8 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>

@@ -210,7 +210,7 @@ class Communicator {
 
 // Where the Gloo backend module is and how to open it.
 struct GlooModuleConfig {
-  std::string path;  // empty: next to libronde
+  std::string path;              // empty: next to libronde
   std::optional<bool> deepbind;  // RTLD_DEEPBIND; unset: by build
 };
 
@@ -226,7 +226,7 @@ struct ShmConfig {
 // hierarchical all-reduce).
 struct CommConfig {
   c10::intrusive_ptr<c10d::Store> store;  // null for a job of one rank
-  std::string hostname;  // this rank's address for peers
+  std::string hostname;                   // this rank's address for peers
   std::chrono::milliseconds timeout = kDefaultTimeout;
   GlooTuning gloo_tuning;  // the CPU backend's all-reduce algorithm
   GlooModuleConfig gloo;

@@ -142,7 +142,7 @@ bool same_call(const Descriptor& a, const Descriptor& b) {
       return false;
   }
   return std::memcmp(a.name, b.name, sizeof(a.name)) == 0 &&
-      std::memcmp(a.backend, b.backend, sizeof(a.backend)) == 0;
+         std::memcmp(a.backend, b.backend, sizeof(a.backend)) == 0;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -308,9 +308,8 @@ size_t frame_bytes(int ranks) {
 
 void encode_frame(
     const FrameHeader& head, const void* payload, uint8_t* frame, size_t size) {
-  const size_t carried = (head.flags & kFrameInline)
-      ? static_cast<size_t>(head.inline_bytes)
-      : 0;
+  const size_t carried =
+      (head.flags & kFrameInline) ? static_cast<size_t>(head.inline_bytes) : 0;
   TORCH_INTERNAL_ASSERT(
       head.inline_bytes >= 0 && sizeof(FrameHeader) + carried <= size,
       "ronde: collective frame overflow");

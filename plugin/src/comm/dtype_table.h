@@ -11,15 +11,15 @@
 // X(name, storage type, code, at::ScalarType enumerator, reduced by NCCL).
 // fp16 and bf16 are stored as their bits and reduced in float; NCCL has no
 // int16, so the router keeps int16 on the host backend.
-#define RONDE_DTYPES(X)               \
-  X(F32, float, 0, Float, true)       \
-  X(F64, double, 1, Double, true)     \
-  X(F16, uint16_t, 2, Half, true)     \
+#define RONDE_DTYPES(X)                \
+  X(F32, float, 0, Float, true)        \
+  X(F64, double, 1, Double, true)      \
+  X(F16, uint16_t, 2, Half, true)      \
   X(BF16, uint16_t, 3, BFloat16, true) \
-  X(I8, int8_t, 4, Char, true)        \
-  X(U8, uint8_t, 5, Byte, true)       \
-  X(I16, int16_t, 6, Short, false)    \
-  X(I32, int32_t, 7, Int, true)       \
+  X(I8, int8_t, 4, Char, true)         \
+  X(U8, uint8_t, 5, Byte, true)        \
+  X(I16, int16_t, 6, Short, false)     \
+  X(I32, int32_t, 7, Int, true)        \
   X(I64, int64_t, 8, Long, true)
 
 namespace ronde::detail {
@@ -37,7 +37,7 @@ enum class Reduction : int { Sum = 0, Min = 1, Max = 2, Product = 3 };
 constexpr size_t dtype_size(DType d) {
   switch (d) {
 #define RONDE_DTYPE_SIZE(name, type, code, torch, nccl) \
-  case DType::name:                               \
+  case DType::name:                                     \
     return sizeof(type);
     RONDE_DTYPES(RONDE_DTYPE_SIZE)
 #undef RONDE_DTYPE_SIZE

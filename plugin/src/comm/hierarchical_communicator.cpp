@@ -210,8 +210,8 @@ class HierarchicalCommunicator final : public Communicator {
 
   struct Piece {
     int64_t start = 0, count = 0;  // elements of the flat tensor
-    std::vector<int64_t> counts;    // its blocks, one per local rank
-    int64_t block_offset = 0;       // this rank's block in the scratch
+    std::vector<int64_t> counts;   // its blocks, one per local rank
+    int64_t block_offset = 0;      // this rank's block in the scratch
   };
   struct Pipeline {
     std::mutex mutex;
@@ -305,15 +305,15 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(
     }
   }
   if (!local) {
-    local =
-        gloo_group("gloo-local/" + host_tag, t.local_rank, t.local_size);
+    local = gloo_group("gloo-local/" + host_tag, t.local_rank, t.local_size);
   }
-  std::unique_ptr<Communicator> cross = t.cross_size == 1
-      ? make_self_communicator()
-      : gloo_group(
-            "gloo-cross/" + std::to_string(t.local_rank) + "/",
-            t.cross_rank,
-            t.cross_size);
+  std::unique_ptr<Communicator> cross =
+      t.cross_size == 1
+          ? make_self_communicator()
+          : gloo_group(
+                "gloo-cross/" + std::to_string(t.local_rank) + "/",
+                t.cross_rank,
+                t.cross_size);
   return std::make_unique<HierarchicalCommunicator>(
       std::move(flat), std::move(local), std::move(cross));
 }

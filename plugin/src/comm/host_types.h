@@ -18,7 +18,7 @@ namespace ronde::detail {
 inline int host_dtype(at::ScalarType t) {
   switch (t) {
 #define RONDE_HOST_DTYPE(name, type, code, torch, nccl) \
-  case at::ScalarType::torch:                     \
+  case at::ScalarType::torch:                           \
     return code;
     RONDE_DTYPES(RONDE_HOST_DTYPE)
 #undef RONDE_HOST_DTYPE

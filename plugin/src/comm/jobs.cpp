@@ -78,7 +78,8 @@ Call make_call(
   Descriptor d = describe(kind, t, name, op, root, via, error);
   at::Tensor anchor =
       error.empty() && t.defined() && !t.is_cpu() ? t : at::Tensor();
-  return Call{kind, &group, name, verify, d, anchor, at::Tensor(), std::nullopt};
+  return Call{
+      kind, &group, name, verify, d, anchor, at::Tensor(), std::nullopt};
 }
 
 void fail_call(Communicator& comm, const Call& call, const BackendFailure& e) {
@@ -140,8 +141,8 @@ Handle submit(
   // thread, which its queueing has woken anyway. Unbounded (the default):
   // no byte count on this path of every call.
   const bool helpable = w.help_bytes == std::numeric_limits<size_t>::max() ||
-      static_cast<size_t>(std::max<int64_t>(0, described_bytes(call.desc))) <=
-          w.help_bytes;
+                        static_cast<size_t>(std::max<int64_t>(
+                            0, described_bytes(call.desc))) <= w.help_bytes;
   return group.worker->submit(
       [call = std::move(call),
        body = std::move(body),

@@ -10,10 +10,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
-#include <cstdint>
 #include <vector>
 
 namespace ronde::detail {
@@ -76,8 +76,8 @@ Call make_call(
     std::string error);
 
 // The collective's own work, run by the job after the check.
-using Body = std::function<
-    void(Communicator&, HandleState&, const Exchanged&, const Call&)>;
+using Body = std::function<void(
+    Communicator&, HandleState&, const Exchanged&, const Call&)>;
 
 // Queues the job on its group's worker. `uses` are tensors made on the caller's
 // side that the job reads or writes: on a device they are marked as used by the

@@ -130,22 +130,35 @@ void register_and_connect(
 
 }  // namespace
 
-ProcessSet add_member_set(const std::vector<int>& ranks, const std::string& key) {
+ProcessSet add_member_set(
+    const std::vector<int>& ranks, const std::string& key) {
   World& w = world("add_member_set");
   ProcessSet set(ranks);
   const Group& g = *set.group();
   const std::string invalid = invalid_ranks(g.ranks, w.size);
   TORCH_CHECK(
       invalid.empty(),
-      "ronde: process group '", key, "' ", rank_list(g.ranks), ": ", invalid);
+      "ronde: process group '",
+      key,
+      "' ",
+      rank_list(g.ranks),
+      ": ",
+      invalid);
   TORCH_CHECK(
       std::binary_search(g.ranks.begin(), g.ranks.end(), w.rank),
-      "ronde: process group '", key, "' ", rank_list(g.ranks),
-      " created on rank ", w.rank, ", which is not in it");
+      "ronde: process group '",
+      key,
+      "' ",
+      rank_list(g.ranks),
+      " created on rank ",
+      w.rank,
+      ", which is not in it");
   // A key has no '%': torch's group names are digits, or hashes in hex.
   TORCH_CHECK(
       key.find('%') == std::string::npos && key.find('/') == std::string::npos,
-      "ronde: process group name '", key, "' has '%' or '/'");
+      "ronde: process group name '",
+      key,
+      "' has '%' or '/'");
   int use = 0;
   {
     std::lock_guard<std::mutex> lock(w.sets_mutex);

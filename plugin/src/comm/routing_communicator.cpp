@@ -176,7 +176,7 @@ std::string cuda_backend_choice(const std::string& want) {
 // Whether every rank reported the same host identity.
 bool one_host(const std::vector<std::string>& hosts) {
   return !hosts.empty() &&
-      std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
+         std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
            return !h.empty() && h == hosts[0];
          });
 }

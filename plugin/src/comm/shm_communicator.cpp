@@ -54,8 +54,8 @@ class ShmCommunicator final : public Communicator {
   }
   bool allreduce_scaled(
       const at::Tensor& tensor, BackendOp op, double scale) override {
-    const auto dtype = static_cast<DType>(
-        checked_host_dtype(tensor, "shared-memory"));
+    const auto dtype =
+        static_cast<DType>(checked_host_dtype(tensor, "shared-memory"));
     if (!shm::Transport::can_scale(dtype))
       return false;
     allreduce_host(tensor, op, scale);
@@ -155,7 +155,7 @@ class ShmCommunicator final : public Communicator {
   }
   bool reads_in_place(const at::Tensor& t) const override {
     return t.device().is_cpu() &&
-        transport_->arena_claim(t.data_ptr(), t.nbytes()).has_value();
+           transport_->arena_claim(t.data_ptr(), t.nbytes()).has_value();
   }
 
   std::optional<at::Tensor> shared_zeros(
@@ -163,7 +163,8 @@ class ShmCommunicator final : public Communicator {
     const std::shared_ptr<shm::Arena>& arena = transport_->arena();
     if (!arena || options.device().type() != c10::DeviceType::CPU)
       return std::nullopt;
-    const size_t bytes = static_cast<size_t>(numel) *
+    const size_t bytes =
+        static_cast<size_t>(numel) *
         c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
     // Beyond what is read in place, a buffer gains nothing in the arena.
     if (!transport_->zero_copy_fits(bytes))

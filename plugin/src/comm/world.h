@@ -111,7 +111,8 @@ void close_added_sets(World& w);
 // number otherwise. Throws CommError of kind Rendezvous when the members do
 // not all come within the timeout, and c10::Error for bad ranks or a rank
 // outside them.
-ProcessSet add_member_set(const std::vector<int>& ranks, const std::string& key);
+ProcessSet add_member_set(
+    const std::vector<int>& ranks, const std::string& key);
 // Drops a member set here without meeting the other members: what is queued
 // on it runs first. Nothing for a set already gone.
 void drop_member_set(const ProcessSet& set);

@@ -95,7 +95,8 @@ BucketSizes Autotuner::decide() {
   const double win_ms = median(win) * 1e3, base_ms = median(base) * 1e3;
   // (p is 1 when either has no step.)
   const bool beyond_noise = p < kAutotuneAlpha &&
-      1.0 - win_ms / base_ms >= kAutotuneMinGain && each_half;
+                            1.0 - win_ms / base_ms >= kAutotuneMinGain &&
+                            each_half;
   char line[240];
   std::snprintf(
       line,

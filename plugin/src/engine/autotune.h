@@ -109,7 +109,7 @@ class Autotuner {
   int seen_ = 0;  // steps of the current trial so far
   std::vector<Trial> history_;
   bool done_ = false;
-  std::string verdict_;  // why the choice won, once done
+  std::string verdict_;   // why the choice won, once done
   BucketSizes finalist_;  // phase 3's challenger of the starting sizes
   size_t phase3_at_ = 0;  // the history index of phase 3's first trial
 };

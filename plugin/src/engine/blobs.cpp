@@ -28,7 +28,8 @@ std::vector<std::string> exchange_blobs(
   const int n = set.size();
   at::Tensor len = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
   at::Tensor lens = ronde::allgather(
-      len, CollectiveOptions().name("ronde.shard.state_sizes").process_set(set));
+      len,
+      CollectiveOptions().name("ronde.shard.state_sizes").process_set(set));
   at::Tensor bytes = at::empty({static_cast<int64_t>(mine.size())}, at::kByte);
   if (!mine.empty())
     std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());

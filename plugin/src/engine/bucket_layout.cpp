@@ -80,8 +80,7 @@ BucketLayout make_layout(
   // Sharded (aligned) layouts give a parameter of a bucket's size or more a
   // bucket of its own, so that the all-gather writes straight into it
   // (docs/sharding.md, "The all-gather").
-  const size_t alone =
-      align > 1 ? cap : std::numeric_limits<size_t>::max();
+  const size_t alone = align > 1 ? cap : std::numeric_limits<size_t>::max();
   for (auto& members : assign_buckets(bytes, keys, first_cap, cap, alone)) {
     LayoutBucket b;
     int64_t numel = 0;
@@ -99,8 +98,7 @@ BucketLayout make_layout(
       const at::TensorOptions options = first.options().requires_grad(false);
       b.buffer = zeros ? zeros(total, options) : at::zeros({total}, options);
       b.flat = b.buffer.narrow(0, 0, numel);
-      b.mask =
-          b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));
+      b.mask = b.buffer.narrow(0, numel, static_cast<int64_t>(members.size()));
     }
     b.numel = numel;
     for (size_t s : members) {

@@ -2,8 +2,9 @@
 // readiness, their grouping into buckets (bucket_assignment.h), and each
 // bucket's flat buffer with a view per parameter and the used-mask after
 // them (sharded layouts: each segment starts at a multiple of `align`
-// elements and the segments are padded to one). Pure data, built in one call, so that a later layout (rebuilt from
-// the order gradients were seen in) can replace it between steps.
+// elements and the segments are padded to one). Pure data, built in one call,
+// so that a later layout (rebuilt from the order gradients were seen in) can
+// replace it between steps.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,11 +18,11 @@ namespace ronde::detail {
 
 struct LayoutSlot {
   at::Tensor param;
-  size_t index = 0;   // the parameter's position in the user's list
-  size_t bucket = 0;  // which bucket holds it
-  size_t pos = 0;     // its position within that bucket
+  size_t index = 0;    // the parameter's position in the user's list
+  size_t bucket = 0;   // which bucket holds it
+  size_t pos = 0;      // its position within that bucket
   int64_t offset = 0;  // its first element within the bucket's flat buffer
-  at::Tensor view;    // its segment of the bucket buffer, shaped like it
+  at::Tensor view;     // its segment of the bucket buffer, shaped like it
 };
 
 struct LayoutBucket {

@@ -161,8 +161,8 @@ Handle launch_comm_hook(std::shared_ptr<CommHook> hook, CommBucket bucket) {
     return Handle(done);
   }
   const ProcessSet set = bucket.process_set;
-  std::string what = "comm hook " + hook->name() + " '" +
-      bucket.options.name() + "'";
+  std::string what =
+      "comm hook " + hook->name() + " '" + bucket.options.name() + "'";
   return submit_task(
       set,
       [hook = std::move(hook), bucket = std::move(bucket)]() mutable {
@@ -252,22 +252,21 @@ void GradientEngine::load_hook_state(torch::serialize::InputArchive& archive) {
   at::Tensor bytes;
   const ProcessSet& set = options_.process_set();
   const bool found = archive.try_read("ronde_comm_hook", sub) &&
-      sub.try_read("name", name) && name.isString() &&
-      name.toStringRef() == hook.name();
-  if (found &&
-      ((sub.try_read("ranks", ranks) && ranks.toInt() == set.size() &&
-        sub.try_read("rank_" + std::to_string(set.rank()), bytes)) ||
-       sub.try_read("self", bytes))) {
+                     sub.try_read("name", name) && name.isString() &&
+                     name.toStringRef() == hook.name();
+  if (found && ((sub.try_read("ranks", ranks) && ranks.toInt() == set.size() &&
+                 sub.try_read("rank_" + std::to_string(set.rank()), bytes)) ||
+                sub.try_read("self", bytes))) {
     torch::serialize::InputArchive in;
     load_bytes(in, string_of(bytes));
     hook.load(in);
     return;
   }
   if (found) {
-    std::cerr << "ronde: warning: rank " << ronde::rank() << ": the checkpoint's "
-                 << hook.name() << " state is of a job of "
-                 << (ranks.isInt() ? ranks.toInt() : 0)
-                 << " ranks; it starts afresh in this one of " << set.size()
+    std::cerr << "ronde: warning: rank " << ronde::rank()
+              << ": the checkpoint's " << hook.name()
+              << " state is of a job of " << (ranks.isInt() ? ranks.toInt() : 0)
+              << " ranks; it starts afresh in this one of " << set.size()
               << std::endl;
   }
   hook.reset();

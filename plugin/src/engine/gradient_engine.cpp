@@ -94,7 +94,10 @@ std::shared_ptr<GradientEngine> GradientEngine::create(
       {hook->describe()},
       options.process_set());
   std::shared_ptr<GradientEngine> engine(new GradientEngine(
-      std::move(names), std::move(params), options, std::move(hook),
+      std::move(names),
+      std::move(params),
+      options,
+      std::move(hook),
       settings()));
   // Hooks hold a weak pointer: an engine destroyed first leaves them inert,
   // and the destructor removes them anyway.
@@ -186,7 +189,7 @@ void GradientEngine::hook(size_t slot, NodePtr accumulator) {
 
 bool GradientEngine::used_here(size_t slot) const {
   return slot_state_[slot].passes > 0 &&
-      layout_.slots[slot].param.grad().defined();
+         layout_.slots[slot].param.grad().defined();
 }
 
 void GradientEngine::on_ready(size_t param) {

@@ -41,7 +41,7 @@ inline at::ScalarType wire_dtype(Compression c) {
 // 32 or 64 bits, when compression is on.
 inline bool compressible(const at::Tensor& t, Compression c) {
   return c != Compression::None &&
-      (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
 }
 
 class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
@@ -146,7 +146,7 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
     size_t pending = 0;  // parameters not yet ready
     bool launched = false;
     Handle handle;
-    at::Tensor wire;  // sharded: the 16-bit copy sent when compressing
+    at::Tensor wire;   // sharded: the 16-bit copy sent when compressing
     at::Tensor owned;  // sharded: this rank's averaged range, once waited
     // Sharded, on the host: the reduce-scatter's output, kept between
     // steps (a fresh one of tens of MB is faulted in page by page), and
@@ -260,9 +260,9 @@ class GradientEngine : public std::enable_shared_from_this<GradientEngine> {
   Handle used_handle_;
   at::Tensor used_;  // the flags summed over ranks
   bool gather_verified_ = false;
-  at::Tensor gather_pool_[2];  // the all-gathers' outputs, reused
+  at::Tensor gather_pool_[2];     // the all-gathers' outputs, reused
   std::vector<Staging> staging_;  // stage 2, on the host
-  double last_step_end_ = 0;           // on the autotune clock
+  double last_step_end_ = 0;      // on the autotune clock
 };
 
 // The engine over those of `parameters` that require grad (names and

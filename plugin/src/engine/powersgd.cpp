@@ -220,9 +220,9 @@ class PowerSGDHook : public CommHook {
         continue;
       const int64_t n = g.size(0), m = g.numel() / std::max<int64_t>(n, 1);
       const int64_t r = std::min({o_.rank(), n, m});
-      if (r < 1 ||
-          static_cast<double>(n) * m <
-              o_.min_compression_rate() * static_cast<double>(n + m) * r) {
+      if (r < 1 || static_cast<double>(n) * m < o_.min_compression_rate() *
+                                                    static_cast<double>(n + m) *
+                                                    r) {
         continue;
       }
       out.push_back(Matrix{bucket.parameters[i], g.view({n, m}), r});

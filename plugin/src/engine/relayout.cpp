@@ -160,7 +160,7 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
     same = next.buckets[b].slots.size() == layout_.buckets[b].slots.size();
     for (size_t pos = 0; same && pos < next.buckets[b].slots.size(); ++pos) {
       same = next.slots[next.buckets[b].slots[pos]].index ==
-          layout_.slots[layout_.buckets[b].slots[pos]].index;
+             layout_.slots[layout_.buckets[b].slots[pos]].index;
     }
   }
   if (same)
@@ -183,7 +183,7 @@ void GradientEngine::relayout_locked(const std::vector<size_t>& order) {
   reset_buckets_locked();
   if (sharded_)
     make_shards_locked();  // the optimizer's state follows (shard_state.h)
-  verified_ = false;  // new buckets: checked across ranks once more
+  verified_ = false;       // new buckets: checked across ranks once more
   if (timeline_enabled()) {
     timeline_instant(
         "buckets laid out",
@@ -203,7 +203,9 @@ void GradientEngine::adapt_to_world() {
   hook_.hook()->reset();
   // [steps, bucket MiB, first bucket MiB, autotuned, order...], rank 0's.
   std::vector<double> msg = {
-      static_cast<double>(steps_), sizes_.fusion_mb, sizes_.first_mb,
+      static_cast<double>(steps_),
+      sizes_.fusion_mb,
+      sizes_.first_mb,
       autotuned_ ? 1.0 : 0.0};
   for (size_t i : current_order_locked())
     msg.push_back(static_cast<double>(i));
@@ -211,7 +213,9 @@ void GradientEngine::adapt_to_world() {
   const ProcessSet& set = options_.process_set();
   if (set.size() > 1) {
     ronde::broadcast_(
-        t, 0, CollectiveOptions().name("ronde.elastic.layout").process_set(set));
+        t,
+        0,
+        CollectiveOptions().name("ronde.elastic.layout").process_set(set));
   }
   const double* v = t.data_ptr<double>();
   steps_ = static_cast<int64_t>(v[0]);

@@ -317,7 +317,7 @@ void GradientEngine::gather_parameters() {
     const auto opts = first.options().requires_grad(false);
     at::Tensor mine, out;
     const bool direct = b.slots.size() == 1 && first.numel() == b.numel &&
-        first.is_contiguous();
+                        first.is_contiguous();
     if (direct) {
       // A bucket that is one parameter, unpadded (a large one has a bucket
       // of its own): the parameter is the gather's output, and this rank's
@@ -381,12 +381,13 @@ double GradientEngine::gradient_norm(double norm_type) {
   // The pieces an aligned layout would give this rank, over the averaged
   // gradient this rank holds: its shards', or the full .grad's segments.
   std::vector<ShardPiece> pieces =
-      sharded_ ? pieces_ : detail::shard_pieces(layout_, set.rank(), set.size(), false);
+      sharded_ ? pieces_
+               : detail::shard_pieces(layout_, set.rank(), set.size(), false);
   std::vector<at::Tensor> parts;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ShardPiece& p = pieces[k];
-    at::Tensor g = sharded_ ? shards_[k].grad()
-                            : layout_.slots[p.slot].param.grad();
+    at::Tensor g =
+        sharded_ ? shards_[k].grad() : layout_.slots[p.slot].param.grad();
     if (!g.defined())
       continue;
     if (!sharded_)
@@ -394,9 +395,10 @@ double GradientEngine::gradient_norm(double norm_type) {
     at::Tensor a = g.detach().to(at::kDouble).abs();
     parts.push_back(inf ? a.max() : a.pow(norm_type).sum());
   }
-  at::Tensor local = parts.empty()
-      ? at::zeros({1}, at::kDouble)
-      : (inf ? at::stack(parts).max() : at::stack(parts).sum()).reshape({1});
+  at::Tensor local =
+      parts.empty() ? at::zeros({1}, at::kDouble)
+                    : (inf ? at::stack(parts).max() : at::stack(parts).sum())
+                          .reshape({1});
   if (set.size() > 1) {
     allreduce_(
         local,

@@ -26,10 +26,10 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int rank, int size);
 // One parameter's part of a rank's range.
 struct ShardPiece {
   size_t bucket = 0;
-  size_t slot = 0;             // into BucketLayout::slots
-  size_t param = 0;            // the parameter's index
-  int64_t param_offset = 0;    // first element, in the flattened parameter
-  int64_t bucket_offset = 0;   // first element, in the bucket's flat buffer
+  size_t slot = 0;            // into BucketLayout::slots
+  size_t param = 0;           // the parameter's index
+  int64_t param_offset = 0;   // first element, in the flattened parameter
+  int64_t bucket_offset = 0;  // first element, in the bucket's flat buffer
   int64_t numel = 0;
 };
 

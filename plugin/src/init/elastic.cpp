@@ -61,7 +61,8 @@ c10d::Store& elastic_store(Runtime& rt, const Settings& settings) {
     rt.job_key = load_job_key(rt.info, job_secret_file(rt, settings));
   if (rt.job_key) {
     rt.elastic_store = c10::make_intrusive<SignedStore>(
-        rt.connection, run_key(*rt.job_key, "ronde elastic membership"),
+        rt.connection,
+        run_key(*rt.job_key, "ronde elastic membership"),
         rt.member);
   } else {
     rt.elastic_store = rt.connection;
@@ -69,7 +70,8 @@ c10d::Store& elastic_store(Runtime& rt, const Settings& settings) {
   return *rt.elastic_store;
 }
 
-CommError change_error(const LaunchInfo& info, int member, const std::string& why) {
+CommError change_error(
+    const LaunchInfo& info, int member, const std::string& why) {
   return rendezvous_error(
       info,
       "rank " + std::to_string(info.rank) + " (launch rank " +
@@ -144,7 +146,10 @@ MembershipRequest next_round(const Runtime& rt, const Settings& settings) {
 
 std::unique_ptr<Runtime> take_runtime(const char* what) {
   TORCH_CHECK(
-      g_runtime != nullptr, "ronde::elastic::", what, "() needs ronde::init() first");
+      g_runtime != nullptr,
+      "ronde::elastic::",
+      what,
+      "() needs ronde::init() first");
   std::unique_ptr<Runtime> rt(g_runtime);
   g_runtime = nullptr;
   return rt;
@@ -153,8 +158,7 @@ std::unique_ptr<Runtime> take_runtime(const char* what) {
 }  // namespace
 }  // namespace detail
 
-elastic::WorldChange elastic::change_world(
-    const std::vector<int>& suspects) {
+elastic::WorldChange elastic::change_world(const std::vector<int>& suspects) {
   using namespace detail;
   std::lock_guard<std::mutex> lock(g_init_mutex);
   std::unique_ptr<Runtime> rt = take_runtime("change_world");
@@ -178,8 +182,8 @@ bool elastic::check_host_updates() {
     std::lock_guard<std::mutex> lock(g_init_mutex);
     const Settings settings = detail::settings();
     try {
-      pending = pending_joiners(elastic_store(*g_runtime, settings),
-                                g_runtime->info.job_id);
+      pending = pending_joiners(
+          elastic_store(*g_runtime, settings), g_runtime->info.job_id);
     } catch (const std::exception&) {
       pending = 0;  // no store to join through: nobody can be waiting
     }
@@ -201,9 +205,8 @@ elastic::WorldChange elastic::admit_joiners() {
   try {
     c10d::Store& store = elastic_store(*rt, settings);
     if (rt->info.rank == 0) {
-      request.joining =
-          detail::admit_joiners(
-              store, rt->info.job_id, request.epoch, rt->members);
+      request.joining = detail::admit_joiners(
+          store, rt->info.job_id, request.epoch, rt->members);
     } else {
       request.joining =
           expected_members(store, rt->info.job_id, request.epoch, rt->timeout)
@@ -247,7 +250,8 @@ elastic::WorldChange elastic::join_world() {
   try {
     c10d::Store& store = elastic_store(*rt, settings);
     post_joiner(store, rt->info.job_id, rt->member);
-    epoch = wait_admission(store, rt->info.job_id, rt->member, 20 * rt->timeout);
+    epoch =
+        wait_admission(store, rt->info.job_id, rt->member, 20 * rt->timeout);
     if (epoch >= 0) {
       auto expected = expected_members(
           store, rt->info.job_id, static_cast<uint64_t>(epoch), rt->timeout);
@@ -257,7 +261,8 @@ elastic::WorldChange elastic::join_world() {
   } catch (const std::exception& e) {
     const LaunchInfo info = rt->info;
     give_up(std::move(rt));
-    throw change_error(info, request.member, "could not join: " + error_text(e));
+    throw change_error(
+        info, request.member, "could not join: " + error_text(e));
   }
   if (epoch < 0) {
     // The job's training ended first: this process stays a world of one.

@@ -81,8 +81,7 @@ std::optional<Key32> join_job_store(Runtime& rt, const Settings& settings) {
   std::optional<Key32> job_key =
       load_job_key(rt.info, job_secret_file(rt, settings));
   rt.job_key = job_key;
-  rt.store =
-      join_store(rt.info, settings, rt.timeout, job_key, &rt.connection);
+  rt.store = join_store(rt.info, settings, rt.timeout, job_key, &rt.connection);
   return job_key;
 }
 
@@ -185,12 +184,10 @@ std::unique_ptr<World> connect(
   w->help_bytes =
       settings.help_bytes.value_or(std::numeric_limits<size_t>::max());
   if (info.size > 1) {
-    const bool authenticated =
-        join_job_store(rt, settings).has_value();
+    const bool authenticated = join_job_store(rt, settings).has_value();
     config.store = rt.store;
     PeerInfo mine;
-    const std::vector<PeerInfo> peers =
-        meet_peers(rt, options, settings, mine);
+    const std::vector<PeerInfo> peers = meet_peers(rt, options, settings, mine);
     for (const auto& p : peers)
       group.hosts.push_back(p.host);
     warn_about_job(info, peers, authenticated);
@@ -198,13 +195,13 @@ std::unique_ptr<World> connect(
     adopt_topology(rt.info, group.hosts);
     // The store outlives the World: shutdown() destroys the World first.
     c10d::Store* store = rt.store.get();
-    w->failed_peers =
-        [store, info, timeout = rt.timeout](
-            const std::vector<int>& among, const std::vector<int>& exited) {
-          World::Suspects s;
-          s.ranks = failed_peers(*store, info, timeout, among, exited, &s.note);
-          return s;
-        };
+    w->failed_peers = [store, info, timeout = rt.timeout](
+                          const std::vector<int>& among,
+                          const std::vector<int>& exited) {
+      World::Suspects s;
+      s.ranks = failed_peers(*store, info, timeout, among, exited, &s.note);
+      return s;
+    };
   }
   w->global = connect_global(info, config, group, settings.blocking_wait);
   w->config = std::move(config);
@@ -229,7 +226,7 @@ void bring_up(Runtime& rt, const Settings& settings, std::unique_ptr<World> w) {
 
 std::string job_secret_file(const Runtime& rt, const Settings& settings) {
   return !rt.options.job_secret_file().empty() ? rt.options.job_secret_file()
-                                                : settings.job_secret_file;
+                                               : settings.job_secret_file;
 }
 
 void barrier(World& w, const char* what) {
@@ -346,11 +343,11 @@ void init_locked(
   if (rt->info.size > 1)
     ignore_sigpipe();
   // Before any thread of ronde's starts: they inherit the binding.
-  const std::string unbound = bind_process(
-      settings.bind_to, rt->info.local_rank, rt->info.local_size);
+  const std::string unbound =
+      bind_process(settings.bind_to, rt->info.local_rank, rt->info.local_size);
   if (!unbound.empty() && rt->info.local_rank == 0)
-    std::cerr << "ronde: warning: rank " << rt->info.rank << ": "
-              << unbound << std::endl;
+    std::cerr << "ronde: warning: rank " << rt->info.rank << ": " << unbound
+              << std::endl;
   std::unique_ptr<detail::World> world =
       detail::connect(*rt, options, settings);
   detail::install_settings(settings);
@@ -371,21 +368,30 @@ bool attach_to_store(
     const LaunchInfo& info = g_runtime->info;
     TORCH_CHECK(
         info.rank == rank && info.size == size,
-        "ronde: a ronde process group of ", size, " ranks, as rank ", rank,
-        ", cannot join ronde's world, initialised with ", info.size,
-        " ranks as rank ", info.rank, " (ronde.init() came first, with "
+        "ronde: a ronde process group of ",
+        size,
+        " ranks, as rank ",
+        rank,
+        ", cannot join ronde's world, initialised with ",
+        info.size,
+        " ranks as rank ",
+        info.rank,
+        " (ronde.init() came first, with "
         "another launcher's values): give both the same ranks, or call "
         "ronde.shutdown() first");
     return false;
   }
   TORCH_CHECK(
       size >= 1 && rank >= 0 && rank < size,
-      "ronde: a ronde process group needs 0 <= rank < size, got rank ", rank,
-      " of ", size);
+      "ronde: a ronde process group needs 0 <= rank < size, got rank ",
+      rank,
+      " of ",
+      size);
   TORCH_CHECK(
       timeout.count() > 0,
       "ronde: a ronde process group needs a positive timeout, got ",
-      timeout.count(), " ms");
+      timeout.count(),
+      " ms");
   LaunchInfo info;
   try {
     // The job id (and secret) a launcher gave, when it gave any.

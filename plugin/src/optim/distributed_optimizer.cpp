@@ -126,7 +126,8 @@ DistributedOptimizer::DistributedOptimizer(
     point_groups_at_shards();
     optimizer_->state().clear();
     if (existing)
-      detail::load_slices(*optimizer_, *existing, shard_->spots, shard_->groups);
+      detail::load_slices(
+          *optimizer_, *existing, shard_->spots, shard_->groups);
   }
   lr_scale_factor_ = ronde::lr_scale_factor(
       options_.lr_scaling(),
@@ -220,8 +221,7 @@ void DistributedOptimizer::point_groups_at_shards() {
     TORCH_INTERNAL_ASSERT(it != where.end());
     const auto [g, j] = it->second;
     lists[g].push_back(shards[k]);
-    shard_->spots[g].push_back(
-        {g, j, pieces[k].param_offset, pieces[k].numel});
+    shard_->spots[g].push_back({g, j, pieces[k].param_offset, pieces[k].numel});
   }
   for (size_t g = 0; g < lists.size(); ++g)
     optimizer_->param_groups()[g].params() = std::move(lists[g]);
@@ -389,7 +389,9 @@ void DistributedOptimizer::save(
       "ronde_bucket_sizing",
       at::tensor(
           std::vector<double>{
-              b.fusion_threshold_mb, b.first_bucket_mb, b.autotuned ? 1.0 : 0.0},
+              b.fusion_threshold_mb,
+              b.first_bucket_mb,
+              b.autotuned ? 1.0 : 0.0},
           at::kDouble));
   engine_->save_hook_state(archive);
 }
@@ -423,8 +425,8 @@ void DistributedOptimizer::load(torch::serialize::InputArchive& archive) {
   at::Tensor sizing;
   if (archive.try_read("ronde_bucket_sizing", sizing) && sizing.numel() == 3 &&
       sizing[2].item<double>() != 0) {
-    engine_->set_bucket_sizing(BucketSizing{
-        sizing[0].item<double>(), sizing[1].item<double>(), true});
+    engine_->set_bucket_sizing(
+        BucketSizing{sizing[0].item<double>(), sizing[1].item<double>(), true});
   }
   engine_->load_hook_state(archive);
 }

@@ -50,9 +50,7 @@ void write_group(
 }
 
 const torch::optim::OptimizerOptions& options_of(
-    const FullState& full,
-    const torch::optim::Optimizer& wrapped,
-    size_t g) {
+    const FullState& full, const torch::optim::Optimizer& wrapped, size_t g) {
   if (g < full.options.size() && full.options[g])
     return *full.options[g];
   return wrapped.param_groups()[g].options();
@@ -78,11 +76,11 @@ void check_elementwise(const torch::optim::Optimizer& o) {
       ronde::rank(),
       ": its line search and history need whole parameter vectors");
   const bool known = dynamic_cast<const torch::optim::SGD*>(&o) ||
-      dynamic_cast<const torch::optim::Adam*>(&o) ||
-      dynamic_cast<const torch::optim::AdamW*>(&o) ||
-      dynamic_cast<const torch::optim::RMSprop*>(&o) ||
-      dynamic_cast<const torch::optim::Adagrad*>(&o) ||
-      dynamic_cast<const ElementwiseOptimizer*>(&o);
+                     dynamic_cast<const torch::optim::Adam*>(&o) ||
+                     dynamic_cast<const torch::optim::AdamW*>(&o) ||
+                     dynamic_cast<const torch::optim::RMSprop*>(&o) ||
+                     dynamic_cast<const torch::optim::Adagrad*>(&o) ||
+                     dynamic_cast<const ElementwiseOptimizer*>(&o);
   TORCH_CHECK(
       known,
       "ronde: shard_optimizer_state needs an element-wise optimizer (SGD, "
@@ -109,7 +107,8 @@ std::string shard_blob(
   return bytes_of(out);
 }
 
-FullState assemble(const std::vector<std::string>& blobs, const FullGroups& groups) {
+FullState assemble(
+    const std::vector<std::string>& blobs, const FullGroups& groups) {
   // [group][index] -> name -> (offset, tensor) pieces, or one value.
   struct Parts {
     std::map<std::string, std::vector<std::pair<int64_t, at::Tensor>>> pieces;

@@ -54,7 +54,8 @@ void check_elementwise(const torch::optim::Optimizer& optimizer);
 std::string shard_blob(
     const torch::optim::Optimizer& wrapped, const ShardSpots& spots);
 // The full state from every rank's blobs.
-FullState assemble(const std::vector<std::string>& blobs, const FullGroups& groups);
+FullState assemble(
+    const std::vector<std::string>& blobs, const FullGroups& groups);
 
 // LibTorch's optimizer format, as an unsharded optimizer over `groups`
 // would write it, with `wrapped`'s group options.

@@ -25,7 +25,7 @@ std::vector<int> cpus_for_rank(
   if (mode == "core") {
     if (local_size < 1 || n < local_size) {
       why = std::to_string(local_size) + " ranks on this host, " +
-          std::to_string(n) + " CPUs allowed: not binding";
+            std::to_string(n) + " CPUs allowed: not binding";
       return {};
     }
     const int share = n / local_size;
@@ -63,7 +63,8 @@ std::string bind_process(
     int id = 0;
     std::ifstream(
         "/sys/devices/system/cpu/cpu" + std::to_string(c) +
-        "/topology/physical_package_id") >> id;
+        "/topology/physical_package_id") >>
+        id;
     package.push_back(id);
   }
   std::string why;

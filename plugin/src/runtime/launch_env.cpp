@@ -172,8 +172,8 @@ void derive_cross(LaunchInfo& info) {
 }
 
 void read_address(const Reader& r, LaunchInfo& info) {
-  info.addr = r.str(kRendezvousAddrVar)
-                  .value_or(r.str("MASTER_ADDR").value_or(""));
+  info.addr =
+      r.str(kRendezvousAddrVar).value_or(r.str("MASTER_ADDR").value_or(""));
   if (auto p = r.num(kRendezvousPortVar, 1, 65535)) {
     info.port = *p;
   } else if (auto mp = r.num("MASTER_PORT", 1, 65535)) {
@@ -190,10 +190,8 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     info.source = "ronde";
     info.size = r.required(kSizeVar, 1, kMaxRanks, "ronde");
     info.rank = r.required(kRankVar, 0, kMaxRanks, "ronde");
-    info.local_rank =
-        r.num(kLocalRankVar, 0, kMaxRanks).value_or(info.rank);
-    info.local_size =
-        r.num(kLocalSizeVar, 1, kMaxRanks).value_or(info.size);
+    info.local_rank = r.num(kLocalRankVar, 0, kMaxRanks).value_or(info.rank);
+    info.local_size = r.num(kLocalSizeVar, 1, kMaxRanks).value_or(info.size);
     derive_cross(info);
     info.cross_rank =
         r.num(kCrossRankVar, 0, kMaxRanks).value_or(info.cross_rank);
@@ -214,9 +212,8 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     info.cross_rank =
         r.num("GROUP_RANK", 0, kMaxRanks).value_or(info.cross_rank);
     read_address(r, info);
-    info.job_id =
-        r.str(kJobIdVar)
-            .value_or(r.str("TORCHELASTIC_RUN_ID").value_or("default"));
+    info.job_id = r.str(kJobIdVar).value_or(
+        r.str("TORCHELASTIC_RUN_ID").value_or("default"));
     // torchrun's agent hosts its store on MASTER_PORT; after a restart
     // the same store still holds the previous attempt's keys.
     info.store_hosted =
@@ -243,10 +240,8 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
     read_address(r, info);
     auto job = r.str("SLURM_JOB_ID");
     auto step = r.str("SLURM_STEP_ID");
-    info.job_id =
-        r.str(kJobIdVar)
-            .value_or(
-                job ? "slurm-" + *job + (step ? "." + *step : "") : "default");
+    info.job_id = r.str(kJobIdVar).value_or(
+        job ? "slurm-" + *job + (step ? "." + *step : "") : "default");
     validate(info, "SLURM_PROCID", "SLURM_NTASKS");
   } else if (r.str("OMPI_COMM_WORLD_RANK")) {
     info.source = "openmpi";
@@ -258,9 +253,8 @@ LaunchInfo parse_launch_env(const EnvLookup& env) {
         r.num("OMPI_COMM_WORLD_LOCAL_SIZE", 1, kMaxRanks).value_or(1);
     derive_cross(info);
     read_address(r, info);
-    info.job_id =
-        r.str(kJobIdVar)
-            .value_or(r.str("OMPI_MCA_ess_base_jobid").value_or("default"));
+    info.job_id = r.str(kJobIdVar).value_or(
+        r.str("OMPI_MCA_ess_base_jobid").value_or("default"));
     validate(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
   }
   return info;

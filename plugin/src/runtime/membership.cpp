@@ -157,7 +157,8 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
         const size_t semi = value.find(';');
         arrivals.emplace_back(
             std::stoi(value.substr(0, semi)),
-            split_ints(semi == std::string::npos ? "" : value.substr(semi + 1)));
+            split_ints(
+                semi == std::string::npos ? "" : value.substr(semi + 1)));
       }
       const auto now = std::chrono::steady_clock::now();
       const bool waited_out = now >= deadline;
@@ -166,9 +167,8 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
         next_admission_check = now + std::chrono::milliseconds(50);
         admitted = admit_while_short(store, r, joining);
       }
-      const std::vector<int> members =
-          decide_members(
-              r.previous, arrivals, r.min_members, waited_out, joining);
+      const std::vector<int> members = decide_members(
+          r.previous, arrivals, r.min_members, waited_out, joining);
       if (!members.empty()) {
         if (store.add(round_key(r, "claim"), 1) == 1)
           store.set(members_key, bytes(join_ints(members)));
@@ -184,7 +184,8 @@ Membership meet_members(c10d::Store& store, const MembershipRequest& r) {
             "only " + std::to_string(arrived.size()) + " rank(s) (" +
             join_ints(std::vector<int>(arrived.begin(), arrived.end())) +
             ", by launch rank) are left, fewer than the job's minimum of " +
-            std::to_string(r.min_members) + " (RONDE_ELASTIC_MIN_NP, "
+            std::to_string(r.min_members) +
+            " (RONDE_ELASTIC_MIN_NP, "
             "ronderun --min-np); waited " +
             std::to_string(r.timeout.count() / 1000.0) + " s for more");
       }
@@ -265,7 +266,7 @@ int64_t wait_admission(
 
 int64_t pending_joiners(c10d::Store& store, const std::string& job_id) {
   return store.add(elastic_key(job_id, "joiners"), 0) -
-      store.add(elastic_key(job_id, "admitted"), 0);
+         store.add(elastic_key(job_id, "admitted"), 0);
 }
 
 std::vector<int> admit_joiners(

@@ -62,11 +62,11 @@ struct AddressChoice {
 };
 
 struct AddressRequest {
-  std::string option;             // InitOptions::hostname
-  std::string hostname;           // RONDE_HOSTNAME
-  std::string ifname;             // RONDE_SOCKET_IFNAME or GLOO_SOCKET_IFNAME
-  std::string ifname_variable;    // which of the two
-  std::string rendezvous_addr;    // MASTER_ADDR / RONDE_RENDEZVOUS_ADDR
+  std::string option;           // InitOptions::hostname
+  std::string hostname;         // RONDE_HOSTNAME
+  std::string ifname;           // RONDE_SOCKET_IFNAME or GLOO_SOCKET_IFNAME
+  std::string ifname_variable;  // which of the two
+  std::string rendezvous_addr;  // MASTER_ADDR / RONDE_RENDEZVOUS_ADDR
   int rendezvous_port = 0;
 };
 
@@ -76,7 +76,6 @@ struct AddressRequest {
 // Throws std::runtime_error when the filter matches no interface (naming
 // the variable and the interfaces there are).
 AddressChoice choose_address(
-    const AddressRequest& request,
-    const std::vector<NetInterface>& interfaces);
+    const AddressRequest& request, const std::vector<NetInterface>& interfaces);
 
 }  // namespace ronde::detail

@@ -82,7 +82,7 @@ std::optional<Key32> check_identity(
     // ranks (torchrun's agent, after a restart): give this job's rank 0 a
     // moment to write its own before refusing.
     const auto patience = std::chrono::steady_clock::now() +
-        std::chrono::milliseconds(kStaleIdentityMs);
+                          std::chrono::milliseconds(kStaleIdentityMs);
     while ((theirs.job_id != info.job_id ||
             theirs.size != std::to_string(info.size)) &&
            std::chrono::steady_clock::now() < patience) {
@@ -305,9 +305,12 @@ std::vector<int> failed_peers(
         "the store at " + info.addr + ":" + std::to_string(info.port);
     if (!info.store_hosted) {
       if (lost != nullptr)
-        *lost = "; " + where + " (hosted by rank 0) cannot be reached "
-            "either (" + error_text(e) + "): rank 0 is gone, or cut off "
-            "from this rank";
+        *lost = "; " + where +
+                " (hosted by rank 0) cannot be reached "
+                "either (" +
+                error_text(e) +
+                "): rank 0 is gone, or cut off "
+                "from this rank";
       return {0};
     }
     std::vector<int> others;
@@ -319,7 +322,8 @@ std::vector<int> failed_peers(
       names += (names.empty() ? "" : ", ") + std::to_string(r);
     }
     if (lost != nullptr)
-      *lost = "; rank " + std::to_string(me) + " lost contact with " + where +
+      *lost =
+          "; rank " + std::to_string(me) + " lost contact with " + where +
           " (" + error_text(e) + ") and with ranks " + names +
           ": the store outlives every rank, so this host may be partitioned "
           "from the job's network";
@@ -401,9 +405,10 @@ std::string host_identity() {
     boot = std::string("host:") + name;
   }
   struct stat net {};
-  std::string ns = ::stat("/proc/self/ns/net", &net) == 0
-      ? std::to_string(net.st_dev) + "." + std::to_string(net.st_ino)
-      : "?";
+  std::string ns =
+      ::stat("/proc/self/ns/net", &net) == 0
+          ? std::to_string(net.st_dev) + "." + std::to_string(net.st_ino)
+          : "?";
   return boot + "/net:" + ns;
 }
 
@@ -452,15 +457,17 @@ bool spans_hosts(const std::vector<PeerInfo>& peers) {
   return false;
 }
 
-void check_reachable(const std::vector<PeerInfo>& peers, const LaunchInfo& info) {
+void check_reachable(
+    const std::vector<PeerInfo>& peers, const LaunchInfo& info) {
   if (!spans_hosts(peers))
     return;
   std::string bad;
   for (size_t r = 0; r < peers.size(); ++r) {
     if (is_loopback_address(peers[r].address.address)) {
       bad += (bad.empty() ? "" : "; ") + std::string("rank ") +
-          std::to_string(r) + " would advertise " + peers[r].address.address +
-          " (from " + peers[r].address.source + ")";
+             std::to_string(r) + " would advertise " +
+             peers[r].address.address + " (from " + peers[r].address.source +
+             ")";
     }
   }
   if (bad.empty())
@@ -493,13 +500,13 @@ std::string topology_disagreement(const std::vector<PeerInfo>& peers) {
     if (++count <= 4) {
       auto four = [](int a, int b, int c, int d) {
         return std::to_string(a) + "/" + std::to_string(b) + "/" +
-            std::to_string(c) + "/" + std::to_string(d);
+               std::to_string(c) + "/" + std::to_string(d);
       };
       diffs += (diffs.empty() ? "" : "; ") + std::string("rank ") +
-          std::to_string(r) + " was told " +
-          four(p.local_rank, p.local_size, p.cross_rank, p.cross_size) +
-          " by " + p.launcher + ", observed " +
-          four(t.local_rank, t.local_size, t.cross_rank, t.cross_size);
+               std::to_string(r) + " was told " +
+               four(p.local_rank, p.local_size, p.cross_rank, p.cross_size) +
+               " by " + p.launcher + ", observed " +
+               four(t.local_rank, t.local_size, t.cross_rank, t.cross_size);
     }
   }
   if (count == 0)
@@ -508,7 +515,7 @@ std::string topology_disagreement(const std::vector<PeerInfo>& peers) {
     diffs += "; and " + std::to_string(count - 4) + " more";
   return "the launcher's local_rank/local_size/cross_rank/cross_size "
          "disagree with the hosts the ranks run on (" +
-      diffs + "); using what was observed";
+         diffs + "); using what was observed";
 }
 
 }  // namespace ronde::detail

@@ -111,7 +111,8 @@ bool spans_hosts(const std::vector<PeerInfo>& peers);
 // rank advertises a loopback address, which the other hosts cannot reach:
 // the message names every such rank, where its address came from, and the
 // variables that fix it.
-void check_reachable(const std::vector<PeerInfo>& peers, const LaunchInfo& info);
+void check_reachable(
+    const std::vector<PeerInfo>& peers, const LaunchInfo& info);
 
 // One warning line (rank 0) when the launcher's local/cross ranks and sizes
 // disagree with the topology the host identities show; empty when they

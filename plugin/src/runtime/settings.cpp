@@ -118,8 +118,7 @@ const std::vector<std::string>& setting_variables() {
 
 Settings read_settings(const EnvLookup& env) {
   Settings s;
-  s.timeout_seconds =
-      positive_env_number(env, kTimeoutSecondsVar, "seconds");
+  s.timeout_seconds = positive_env_number(env, kTimeoutSecondsVar, "seconds");
   s.hostname = text(env, "RONDE_HOSTNAME");
   for (const char* name : {"RONDE_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
     if (s.socket_ifname.empty()) {
@@ -192,7 +191,8 @@ Settings read_settings(const EnvLookup& env) {
   s.checkpoint_key_file = text(env, "RONDE_CHECKPOINT_KEY_FILE");
   const std::string min_np = text(env, kElasticMinRanksVar);
   if (!min_np.empty())
-    s.elastic_min_ranks = parse_env_int(kElasticMinRanksVar, min_np, 1, 1 << 20);
+    s.elastic_min_ranks =
+        parse_env_int(kElasticMinRanksVar, min_np, 1, 1 << 20);
   return s;
 }
 

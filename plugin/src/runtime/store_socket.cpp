@@ -2,9 +2,9 @@
 #include "runtime/store_socket.h"
 
 #include <dirent.h>
-#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -33,7 +33,7 @@ bool is_tcp_stream(int fd) {
   int type = 0;
   socklen_t len = sizeof(type);
   return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
-      type == SOCK_STREAM;
+         type == SOCK_STREAM;
 }
 
 void bound(int fd, std::chrono::milliseconds timeout) {
@@ -119,7 +119,8 @@ void wait_until_closed_by_server(int port, std::chrono::milliseconds timeout) {
       return;
     open.erase(
         std::remove_if(
-            open.begin(), open.end(),
+            open.begin(),
+            open.end(),
             [](const pollfd& p) {
               return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
             }),

@@ -122,7 +122,7 @@ void restore_rng_table(
   // of the job that wrote it. Older files: one row per rank.
   at::Tensor rng_ranks, saved_job_size;
   const bool has_ranks = archive.try_read("ronde.rng_ranks", rng_ranks) &&
-      archive.try_read("ronde.job_size", saved_job_size);
+                         archive.try_read("ronde.job_size", saved_job_size);
   const int64_t written_by =
       has_ranks ? saved_job_size.item<int64_t>() : rng.size(0);
   if (written_by == job_size) {

@@ -56,7 +56,8 @@ void DistributedSampler::build() {
   start_ = std::min(start_, dataset_size_);
   const size_t left = dataset_size_ - start_;
   const size_t total =
-      start_ + (options_.drop_last() ? (left / n) * n : ((left + n - 1) / n) * n);
+      start_ +
+      (options_.drop_last() ? (left / n) * n : ((left + n - 1) / n) * n);
   order.resize(std::min(total, order.size()));
   for (size_t i = 0; order.size() < total && dataset_size_ > 0; ++i) {
     order.push_back(order[i % dataset_size_]);
@@ -125,9 +126,9 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   // Files from before the consumed count: the saving job had this
   // sampler's replicas, and read `position` samples each from the start.
   start_ = archive.try_read("ronde_sampler_consumed", consumed)
-      ? static_cast<size_t>(consumed.item<int64_t>())
-      : static_cast<size_t>(position.item<int64_t>()) *
-          static_cast<size_t>(replicas_);
+               ? static_cast<size_t>(consumed.item<int64_t>())
+               : static_cast<size_t>(position.item<int64_t>()) *
+                     static_cast<size_t>(replicas_);
   build();
 }
 

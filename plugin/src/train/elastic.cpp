@@ -1,6 +1,6 @@
 // elastic::State and run(): commits are LibTorch archives of the state's
-// entries held in memory; a change of world (change_world, in init/elastic.cpp) is
-// followed by the world-dependent pieces adapting and rank 0's commit
+// entries held in memory; a change of world (change_world, in init/elastic.cpp)
+// is followed by the world-dependent pieces adapting and rank 0's commit
 // becoming every rank's.
 #include <ronde/elastic.h>
 
@@ -60,8 +60,7 @@ State& State::add(const std::string& name, DistributedOptimizer& optimizer) {
   return *this;
 }
 
-State& State::add(
-    const std::string& name, torch::optim::Optimizer& optimizer) {
+State& State::add(const std::string& name, torch::optim::Optimizer& optimizer) {
   if (auto* d = dynamic_cast<DistributedOptimizer*>(&optimizer))
     return add(name, *d);
   entries_.add(name, optimizer);

@@ -203,9 +203,9 @@ TrainingMonitor::Reduced TrainingMonitor::reduce(const Window& w) const {
   mine[kSamples] = static_cast<double>(w.samples);
   mine[kWait] = w.wait_seconds;
   mine[kSeconds] = w.seconds;
-  mine[kCpu] = wall > 0
-      ? 100.0 * (detail::process_cpu_seconds() - w.cpu_start) / wall
-      : 0;
+  mine[kCpu] =
+      wall > 0 ? 100.0 * (detail::process_cpu_seconds() - w.cpu_start) / wall
+               : 0;
   mine[kRss] = detail::rss_mb();
   // The kernel's high-water mark trails the resident size by a page
   // accounting batch; never report a peak below the present.

@@ -51,8 +51,8 @@ std::string run_discovery(const std::string& script, std::string& output) {
   const int status = pclose(pipe);
   if (status != 0) {
     return "the host discovery script '" + script + "' failed (status " +
-        std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : status) +
-        ")";
+           std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : status) +
+           ")";
   }
   return "";
 }

@@ -120,7 +120,7 @@ std::string make_job_id() {
         std::chrono::system_clock::now().time_since_epoch().count());
     mix ^= static_cast<unsigned long long>(
                std::chrono::steady_clock::now().time_since_epoch().count())
-        << 17;
+           << 17;
     for (unsigned char& byte : bytes) {
       mix = mix * 6364136223846793005ULL + 1442695040888963407ULL;
       byte = static_cast<unsigned char>(mix >> 56);

@@ -135,8 +135,7 @@ void Job::report_start() {
   sinks_.message(
       "job id " + options_.job_id + ", rendezvous " + options_.host + ":" +
       std::to_string(options_.port) + ", " +
-      std::to_string(options_.num_ranks) + " rank(s)" + hosts + ": " +
-      command);
+      std::to_string(options_.num_ranks) + " rank(s)" + hosts + ": " + command);
 }
 
 int Job::run() {
@@ -161,9 +160,8 @@ int Job::run() {
   if (options_.min_ranks > 0) {
     GrowthConfig growth;
     growth.restart_failed = options_.restart_failed;
-    growth.max_ranks = options_.max_ranks > 0
-        ? options_.max_ranks
-        : options_.num_ranks;
+    growth.max_ranks =
+        options_.max_ranks > 0 ? options_.max_ranks : options_.num_ranks;
     growth.discovery_script = options_.discovery_script;
     const std::vector<std::string> parent = process_environment();
     const JobContext job = context();

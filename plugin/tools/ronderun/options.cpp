@@ -81,10 +81,10 @@ bool is_flag(const std::string& arg) {
 bool takes_value(const std::string& arg) {
   return arg == "-np" || arg == "-n" || arg == "--np" || arg == "--timeout" ||
          arg == "--min-np" || arg == "--max-np" ||
-         arg == "--host-discovery-script" || arg == "--job-id" || arg == "--port" || arg == "--host" ||
-         arg == "-H" || arg == "--hosts" || arg == "--hostfile" ||
-         arg == "--rsh" || arg == "-x" || arg == "--timeline" ||
-         arg == "--bind-to";
+         arg == "--host-discovery-script" || arg == "--job-id" ||
+         arg == "--port" || arg == "--host" || arg == "-H" ||
+         arg == "--hosts" || arg == "--hostfile" || arg == "--rsh" ||
+         arg == "-x" || arg == "--timeline" || arg == "--bind-to";
 }
 
 void set_flag(const std::string& arg, Options& options) {
@@ -111,8 +111,7 @@ std::string set_number(
     options.timeout_seconds = number;
   } else if (arg == "--min-np" || arg == "--max-np") {
     if (!parse_int(value, 1, 1000000, number)) {
-      return arg + " expects a positive number of ranks, got '" + value +
-          "'";
+      return arg + " expects a positive number of ranks, got '" + value + "'";
     }
     (arg == "--min-np" ? options.min_ranks : options.max_ranks) =
         static_cast<int>(number);
@@ -153,8 +152,8 @@ std::string set_text(
     return "";
   }
   const bool empty = arg == "--rsh"
-      ? value.find_first_not_of(" \t") == std::string::npos
-      : value.empty();
+                         ? value.find_first_not_of(" \t") == std::string::npos
+                         : value.empty();
   if (empty) {
     return arg + " must not be empty";
   }
@@ -246,7 +245,8 @@ std::string parse_args(int argc, char** argv, Options& options) {
     return error;
   }
   const bool grows = options.max_ranks > 0 ||
-      !options.discovery_script.empty() || options.restart_failed;
+                     !options.discovery_script.empty() ||
+                     options.restart_failed;
   if (grows && options.min_ranks == 0) {
     return "--max-np, --host-discovery-script and --restart-failed are for "
            "elastic jobs: give --min-np too";
@@ -257,13 +257,13 @@ std::string parse_args(int argc, char** argv, Options& options) {
   }
   if (options.max_ranks > 0 && options.max_ranks < options.num_ranks) {
     return "--max-np " + std::to_string(options.max_ranks) +
-        " is fewer than the job's " + std::to_string(options.num_ranks) +
-        " ranks";
+           " is fewer than the job's " + std::to_string(options.num_ranks) +
+           " ranks";
   }
   if (options.min_ranks > options.num_ranks) {
     return "--min-np " + std::to_string(options.min_ranks) +
-        " is more than the job's " + std::to_string(options.num_ranks) +
-        " ranks";
+           " is more than the job's " + std::to_string(options.num_ranks) +
+           " ranks";
   }
   if (i >= argc) {
     return "no command given";

@@ -22,8 +22,8 @@ std::string tag_lines(
     const void* found = memchr(data + start, '\n', size - start);
     const size_t end =
         found == nullptr
-        ? size
-        : static_cast<size_t>(static_cast<const char*>(found) - data) + 1;
+            ? size
+            : static_cast<size_t>(static_cast<const char*>(found) - data) + 1;
     text += prefix;
     text.append(data + start, end - start);
     start = end;

@@ -35,9 +35,9 @@ bool is_own_variable(const std::string& name, const Options& options) {
   }
   // Replaced when given, else inherited.
   return (name == kTimeoutSecondsVar && options.timeout_seconds) ||
-      (name == kElasticMinRanksVar && options.min_ranks > 0) ||
-      (name == kTimelineVar && !options.timeline_dir.empty()) ||
-      name == kBindToVar;
+         (name == kElasticMinRanksVar && options.min_ranks > 0) ||
+         (name == kTimelineVar && !options.timeline_dir.empty()) ||
+         name == kBindToVar;
 }
 
 std::vector<std::string> forwarded_names(const std::vector<std::string>& x) {
@@ -234,8 +234,7 @@ RankLaunch joiner_launch(
 
 std::vector<std::string> process_environment() {
   std::vector<std::string> env;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr;
-       ++entry) {
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
     env.emplace_back(*entry);
   }
   return env;

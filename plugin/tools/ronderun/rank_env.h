@@ -27,7 +27,7 @@ std::vector<RankSlot> assign_slots(
 
 // What the job adds to the options: its secret and where it was started.
 struct JobContext {
-  std::string secret_file;  // told to the ranks on this host
+  std::string secret_file;       // told to the ranks on this host
   bool secret_on_stdin = false;  // remote ranks read the secret from stdin
   std::string cwd;  // remote ranks cd here first; empty: they do not
 };

@@ -45,9 +45,8 @@ std::string JobSecret::read_given(const char* given) {
   }
   (void)close(fd);
   if (got > kMaxSecretBytes) {
-    return std::string(kJobSecretFileVar) + " '" + given +
-           "' is larger than " + std::to_string(kMaxSecretBytes) +
-           " bytes: not a secret";
+    return std::string(kJobSecretFileVar) + " '" + given + "' is larger than " +
+           std::to_string(kMaxSecretBytes) + " bytes: not a secret";
   }
   bytes_.assign(buf, got);
   return "";

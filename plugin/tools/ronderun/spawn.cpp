@@ -43,9 +43,8 @@ bool make_pipes(bool with_stdin, RankPipes& p, Sinks& sinks) {
     sinks.message("cannot configure a pipe: " + errno_text());
     return false;
   }
-  if (with_stdin &&
-      (pipe(p.in) != 0 || !set_fd_flags(p.in[0], false) ||
-       !set_fd_flags(p.in[1], false))) {
+  if (with_stdin && (pipe(p.in) != 0 || !set_fd_flags(p.in[0], false) ||
+                     !set_fd_flags(p.in[1], false))) {
     sinks.message("cannot create a pipe: " + errno_text());
     return false;
   }
@@ -138,8 +137,8 @@ bool spawn_rank(
     SpawnedRank& spawned) {
   RankPipes p;
   const pid_t pid = make_pipes(!stdin_bytes.empty(), p, sinks)
-      ? fork_rank(argv, env, p, setup, sinks)
-      : -1;
+                        ? fork_rank(argv, env, p, setup, sinks)
+                        : -1;
   close_fd(p.out[1]);
   close_fd(p.err[1]);
   close_fd(p.in[0]);
@@ -166,4 +165,3 @@ bool spawn_rank(
 }
 
 }  // namespace ronde::detail
-

@@ -69,8 +69,12 @@ std::string StoreHost::start(
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(out[1], STDOUT_FILENO);
-    execl(program.c_str(), program.c_str(), "--port", port_text.c_str(),
-          static_cast<char*>(nullptr));
+    execl(
+        program.c_str(),
+        program.c_str(),
+        "--port",
+        port_text.c_str(),
+        static_cast<char*>(nullptr));
     _exit(127);
   }
   pid_ = pid;
@@ -107,7 +111,7 @@ std::string StoreHost::start(
   if (line.rfind("ready ", 0) != 0) {
     stop();
     return "the store host " + program + " did not start serving on port " +
-        port_text + " (its message, if any, is above)";
+           port_text + " (its message, if any, is above)";
   }
   return "";
 }

@@ -52,10 +52,9 @@ double parse_kill_grace(const char* text, std::string& warning) {
   const double value = strtod(text, &end);
   if (errno != 0 || end == text || *end != '\0' || !std::isfinite(value) ||
       value < 0) {
-    warning = std::string("ignoring ") + kKillGraceVar + "='" + text +
-              "'; using " +
-              std::to_string(static_cast<int>(kDefaultKillGraceSeconds)) +
-              " seconds";
+    warning =
+        std::string("ignoring ") + kKillGraceVar + "='" + text + "'; using " +
+        std::to_string(static_cast<int>(kDefaultKillGraceSeconds)) + " seconds";
     return kDefaultKillGraceSeconds;
   }
   return std::min(value, kMaxKillGraceSeconds);
@@ -135,9 +134,8 @@ void Supervisor::schedule_restart(const SupervisedRank& rank) {
       {rank.host,
        Clock::now() + seconds_to_duration(growth_.cooldown_seconds)});
   sinks_.message(
-      "starting a replacement for rank " + std::to_string(rank.index) +
-      " on " + where + " in " + seconds_text(growth_.cooldown_seconds) +
-      " s");
+      "starting a replacement for rank " + std::to_string(rank.index) + " on " +
+      where + " in " + seconds_text(growth_.cooldown_seconds) + " s");
 }
 
 void Supervisor::handle_growth() {
@@ -228,10 +226,11 @@ bool Supervisor::any_running() const {
 }
 
 bool Supervisor::finished() const {
-  return restarts_.empty() && std::all_of(
-      ranks_.begin(), ranks_.end(), [](const SupervisedRank& rank) {
-        return !rank.running && rank.out.fd < 0 && rank.err.fd < 0;
-      });
+  return restarts_.empty() &&
+         std::all_of(
+             ranks_.begin(), ranks_.end(), [](const SupervisedRank& rank) {
+               return !rank.running && rank.out.fd < 0 && rank.err.fd < 0;
+             });
 }
 
 int Supervisor::poll_timeout_ms() const {
@@ -422,8 +421,8 @@ bool Supervisor::read_stream(SupervisedRank& rank, OutputStream& stream) {
     close_stream(rank, stream);
     return false;
   }
-  const size_t end = append_and_find_lines(
-      stream.pending, buffer, static_cast<size_t>(n));
+  const size_t end =
+      append_and_find_lines(stream.pending, buffer, static_cast<size_t>(n));
   if (end > 0) {
     emit_lines(rank, stream.sink, stream.pending.data(), end);
     stream.pending.erase(0, end);

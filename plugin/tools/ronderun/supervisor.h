@@ -33,9 +33,9 @@ constexpr double kMaxKillGraceSeconds = 7.0 * 24 * 3600;
 double parse_kill_grace(const char* text, std::string& warning);
 
 struct SupervisedRank {
-  int index = 0;   // its member id: launch rank, or the id it joined with
+  int index = 0;     // its member id: launch rank, or the id it joined with
   std::string host;  // host_key() of where it runs
-  pid_t pid = -1;  // also the process group id
+  pid_t pid = -1;    // also the process group id
   bool running = false;
   std::string prefix;
   OutputStream out;
@@ -43,7 +43,7 @@ struct SupervisedRank {
 };
 
 struct SupervisorConfig {
-  bool prefix = true;   // tag lines "[rank] "
+  bool prefix = true;    // tag lines "[rank] "
   bool verbose = false;  // also report ranks that exit cleanly
   double kill_grace_seconds = kDefaultKillGraceSeconds;
   // An elastic job: a failed rank is reported, and the others go on.

@@ -230,8 +230,7 @@ static_assert(
     static_cast<int>(ronde::detail::Reduction::Sum) == RONDE_GLOO_SUM &&
     static_cast<int>(ronde::detail::Reduction::Min) == RONDE_GLOO_MIN &&
     static_cast<int>(ronde::detail::Reduction::Max) == RONDE_GLOO_MAX &&
-    static_cast<int>(ronde::detail::Reduction::Product) ==
-        RONDE_GLOO_PRODUCT);
+    static_cast<int>(ronde::detail::Reduction::Product) == RONDE_GLOO_PRODUCT);
 
 // The kernel of one row of the dtype table: fp16 and bf16 through float,
 // every other type on itself.
@@ -257,7 +256,7 @@ template <typename Op>
 ReduceFn pick_for_op(int dtype) {
   switch (dtype) {
 #define RONDE_PICK(name, type, code, torch, nccl) \
-  case code:                                \
+  case code:                                      \
     return reduce_fn_of<Op, ronde::detail::DType::name, type>();
     RONDE_DTYPES(RONDE_PICK)
 #undef RONDE_PICK
@@ -285,7 +284,7 @@ ReduceFn pick_for_op(int dtype) {
 [[maybe_unused]] size_t element_size(int dtype) {
   switch (dtype) {
 #define RONDE_SIZE(name, type, code, torch, nccl) \
-  case code:                                \
+  case code:                                      \
     return sizeof(type);
     RONDE_DTYPES(RONDE_SIZE)
 #undef RONDE_SIZE

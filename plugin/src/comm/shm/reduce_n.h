@@ -81,12 +81,12 @@ __attribute__((target("avx,f16c"))) void reduce_n_half_f16c(
   auto* o = static_cast<uint16_t*>(out);
   size_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    __m256 acc = _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(
+    __m256 acc =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
             static_cast<const uint16_t*>(in[0]) + i)));
     for (int k = 1; k < n; ++k) {
-      __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(
+      __m256 x =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
               static_cast<const uint16_t*>(in[k]) + i)));
       acc = kProduct ? _mm256_mul_ps(acc, x) : _mm256_add_ps(acc, x);
     }
@@ -129,7 +129,7 @@ template <typename Op>
 ReduceNFn pick_n_for_op(ronde::detail::DType dtype) {
   switch (dtype) {
 #define RONDE_PICK_N(name, type, code, torch, nccl) \
-  case ronde::detail::DType::name:            \
+  case ronde::detail::DType::name:                  \
     return reduce_n_fn_of<Op, ronde::detail::DType::name, type>();
     RONDE_DTYPES(RONDE_PICK_N)
 #undef RONDE_PICK_N

@@ -96,8 +96,8 @@ void Transport::allreduce(
     // Every rank reads the same claims (all_claimed() loads them into
     // claims_): all decide alike.
     const bool all = claiming && all_claimed(s);
-    const bool any = claiming &&
-        std::any_of(claims_.begin(), claims_.end(), [](uint64_t c) {
+    const bool any =
+        claiming && std::any_of(claims_.begin(), claims_.end(), [](uint64_t c) {
           return c != kNoClaim;
         });
     if (all && off == 0) {
@@ -119,9 +119,8 @@ void Transport::allreduce(
     }
     const auto [lo, hi] = slice_of(rank_, size_, m, esz);
     for (int r = 0; r < size_; ++r) {
-      const char* in = !any || claims_[r] == kNoClaim
-          ? area(r, s, false)
-          : arenas_[r] + claims_[r];
+      const char* in = !any || claims_[r] == kNoClaim ? area(r, s, false)
+                                                      : arenas_[r] + claims_[r];
       // Never this rank's own input area (own_input()).
       inputs_[r] = r == rank_ ? dst + lo * esz : in + lo * esz;
     }

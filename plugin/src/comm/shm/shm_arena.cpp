@@ -22,7 +22,8 @@ Arena::Arena(int fd, size_t file_offset, size_t bytes)
       bytes_(bytes / pages(1) * pages(1)),
       base_(nullptr) {
   if (fd_ < 0)
-    throw std::runtime_error("cannot keep the arena open: " + errno_text(errno));
+    throw std::runtime_error(
+        "cannot keep the arena open: " + errno_text(errno));
   void* p = ::mmap(
       nullptr,
       bytes_,
@@ -61,8 +62,10 @@ std::optional<size_t> Arena::allocate(size_t bytes) {
     const size_t rest = it->second - n;
     // Reserve the pages now: a directory without room refuses here, not
     // with SIGBUS when backward first writes a gradient.
-    if (::posix_fallocate(fd_, static_cast<off_t>(file_offset_ + at),
-                          static_cast<off_t>(n)) != 0)
+    if (::posix_fallocate(
+            fd_,
+            static_cast<off_t>(file_offset_ + at),
+            static_cast<off_t>(n)) != 0)
       return std::nullopt;
     free_.erase(it);
     if (rest > 0)

@@ -121,8 +121,10 @@ std::string create_segment(
   }
   // The arena is a hole until buffers reserve parts of it (shm_arena.h).
   if (o.arena_bytes > 0 &&
-      ::ftruncate(fd, static_cast<off_t>(arena_offset(o.chunk_bytes) +
-                                         o.arena_bytes)) != 0) {
+      ::ftruncate(
+          fd,
+          static_cast<off_t>(arena_offset(o.chunk_bytes) + o.arena_bytes)) !=
+          0) {
     return "cannot size an arena of " + mib(o.arena_bytes) + " in " + o.dir +
            " (RONDE_SHM_ARENA_BYTES): " + errno_text(errno);
   }

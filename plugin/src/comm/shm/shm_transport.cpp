@@ -289,8 +289,8 @@ void Transport::await(int peer, int counter, uint64_t step) {
     const uint32_t state = p.state.load(std::memory_order_acquire);
     // Only a failing wait needs the text.
     auto who = [&] {
-      return "rank " + std::to_string(peer) + " (pid " +
-          std::to_string(p.pid) + ")";
+      return "rank " + std::to_string(peer) + " (pid " + std::to_string(p.pid) +
+             ")";
     };
     if (state == kAborted)
       fail(
@@ -475,8 +475,8 @@ void Transport::reduce_scatter(
         whole ? counts[rank_] : clamp_piece(counts[rank_], lo, per);
     for (int r = 0; r < size_; ++r) {
       inputs_[r] = claiming && claims_[r] != kNoClaim
-          ? arenas_[r] + claims_[r] + (start[rank_] + lo) * esz
-          : area(r, s, false) + rank_ * sub;
+                       ? arenas_[r] + claims_[r] + (start[rank_] + lo) * esz
+                       : area(r, s, false) + rank_ * sub;
     }
     reduce(dst + lo * esz, inputs_.data(), size_, len);
     publish(kConsumed, g);

@@ -57,7 +57,7 @@ struct Failure : std::runtime_error {
   Failure(Kind kind, int peer, const std::string& msg, bool exited = false)
       : std::runtime_error(msg), kind(kind), peer(peer), exited(exited) {}
   Kind kind;
-  int peer;  // -1 when no peer is to blame
+  int peer;     // -1 when no peer is to blame
   bool exited;  // the peer's process is known to be gone
 };
 
@@ -90,11 +90,7 @@ class Transport {
   // mul_ after it, without the pass over memory. A scale other than 1 only
   // for the types of can_scale().
   void allreduce(
-      void* buf,
-      size_t count,
-      DType dtype,
-      Reduction op,
-      double scale = 1.0);
+      void* buf, size_t count, DType dtype, Reduction op, double scale = 1.0);
   static bool can_scale(DType dtype) {
     return dtype == DType::F32 || dtype == DType::F64;
   }
@@ -241,14 +237,14 @@ class Transport {
   std::shared_ptr<Arena> arena_;
   // Every rank's arena, null for none; peers write results into them.
   std::vector<char*> arenas_;
-  std::vector<uint64_t> claims_;     // scratch: every rank's claim
+  std::vector<uint64_t> claims_;  // scratch: every rank's claim
   // seen_[peer * kCounters + c]: the highest value of that peer's counter c
   // this rank has loaded (with acquire); await() needs no load below it.
   std::vector<uint64_t> seen_;
   uint64_t zero_copy_allreduces_ = 0;
   uint64_t zero_copy_reduce_scatters_ = 0;
   uint64_t zero_copy_allgathers_ = 0;
-  uint64_t step_ = 0;              // steps done, the same on every rank
+  uint64_t step_ = 0;  // steps done, the same on every rank
   std::atomic<bool> interrupted_{false};
   std::string broken_;  // why the transport is unusable; empty while usable
   std::vector<const void*> inputs_;  // scratch: one pointer per rank
