@@ -90,6 +90,11 @@ cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
   # CMake 4 refuses package files that ask for policies older than 3.5
   # (some of Debian's do); earlier CMake ignores this.
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+# Ninja where there is one (it overlaps the targets' compilations); a build
+# directory keeps the generator it was made with.
+if command -v ninja > /dev/null && [[ ! -f $build/CMakeCache.txt ]]; then
+  cmake_args+=(-G Ninja)
+fi
 # A compiler-only CUDA toolkit has no libnvrtc, which LibTorch's CMake
 # config asks for: take the one from the nvidia wheels beside torch.
 nvrtc=$(pyrun - <<'PY'

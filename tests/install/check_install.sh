@@ -13,7 +13,7 @@ cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
 for f in include/ronde/ronde.h include/ronde/version.h bin/ronderun; do
   [ -e "$work/prefix/$f" ] || { echo "missing after install: $f"; exit 1; }
 done
-ls "$work"/prefix/lib*/libronde_gloo.so > /dev/null
+ls "$work"/prefix/lib*/libronde_gloo.so "$work"/prefix/lib*/libronde_c10d.so > /dev/null
 launcher=
 command -v ccache > /dev/null && launcher=-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 cmake -S "$src/tests/install/consumer" -B "$work/build" $launcher \
@@ -23,5 +23,6 @@ cmake -S "$src/tests/install/consumer" -B "$work/build" $launcher \
 cmake --build "$work/build" -j 2 > "$work/build.log" ||
   { cat "$work/build.log"; exit 1; }
 env -u RONDE_RANK -u RONDE_SIZE "$work/build/consumer"
+env -u RONDE_RANK -u RONDE_SIZE "$work/build/consumer_c10d"
 "$work/prefix/bin/ronderun" -np 2 --timeout 60 -- "$work/build/consumer"
 echo "install check passed"

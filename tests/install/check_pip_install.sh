@@ -15,11 +15,10 @@ log() { printf '[pip install check] %s\n' "$*"; }
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 log "building the wheel against torch $torch_version (build directory $pip_build)"
-# Make and the compiler (CXX, set by the test to the CMake build's), as the
-# CMake build uses: with ccache (CCACHE_BASEDIR set, the build directory
-# beside the main one) the compiler calls are the same and hit its cache.
-CMAKE_GENERATOR=${CMAKE_GENERATOR:-Unix Makefiles} \
-  CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+# As a user's pip install builds it (scikit-build-core takes Ninja when
+# there is one), with the compiler CXX names (the test sets the CMake
+# build's); a rerun reuses PIP_BUILD_DIR.
+CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   "$python" -m pip wheel -q --no-build-isolation --no-deps \
     --disable-pip-version-check -w "$work/dist" \
     -C build-dir="$pip_build" "$src" > "$work/wheel.log" 2>&1 ||
@@ -36,6 +35,7 @@ def has(pred, what):
 has(lambda n: n.startswith("ronde/torch/_C.") and n.endswith(".so"), "ronde/torch/_C")
 has(lambda n: n == "ronde/lib/libronde.so", "ronde/lib/libronde.so")
 has(lambda n: n == "ronde/lib/libronde_gloo.so", "ronde/lib/libronde_gloo.so")
+has(lambda n: n == "ronde/lib/libronde_c10d.so", "ronde/lib/libronde_c10d.so")
 has(lambda n: n.endswith(".data/scripts/ronderun"), "the ronderun script")
 has(lambda n: n == "ronde/torch/_build_info.py", "ronde/torch/_build_info.py")
 has(lambda n: n.endswith("/METADATA"), "METADATA")
@@ -54,7 +54,8 @@ venv_pip=("$work/venv/bin/python" -m pip -q --disable-pip-version-check)
   { cat "$work/install.log"; exit 1; }
 # Run paths relative to the package, so that the site-packages can move.
 site=$(echo "$work"/venv/lib/python*/site-packages)
-for lib in "$site"/ronde/torch/_C.*.so "$site"/ronde/lib/libronde.so; do
+for lib in "$site"/ronde/torch/_C.*.so "$site"/ronde/lib/libronde.so \
+    "$site"/ronde/lib/libronde_c10d.so; do
   runpath=$(readelf -d "$lib" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
   case ":$runpath:" in
     *:/*) echo "$lib has an absolute run path: $runpath"; exit 1 ;;
