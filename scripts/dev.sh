@@ -23,6 +23,15 @@
 #                            CUDA toolkit at /usr/local/cuda, build-gpu/;
 #                            runs the GPU suite, which skips without a GPU
 #                            (tests/gpu/run_gpu_checks.sh; about 5.5 GB)
+#   scripts/dev.sh format    format every C++ file with clang-format
+#   scripts/dev.sh check-format
+#                            fail on any C++ file clang-format would change
+#   scripts/dev.sh check-commits
+#                            fail on a commit subject over 72 characters
+#   scripts/dev.sh ci        what CI runs (.ci/run): the commit and format
+#                            checks, the CUDA compile and link, the test
+#                            command, and the sanitizers on the unit tests
+#                            and the core multirank tests
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,12 +51,14 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
 export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
 
 # What configuring the build and running the example need.
-APT_PACKAGES=(g++ cmake make ccache libgloo-dev libgtest-dev libgmock-dev iproute2
+APT_PACKAGES=(g++ cmake make ninja-build ccache libgloo-dev libgtest-dev libgmock-dev iproute2
   zlib1g-dev libssl-dev python3-dev dataset-fashion-mnist)
 # Only for the tests: clang and its runtime for the libFuzzer targets
 # (scripts/fuzz.sh), which the test suite runs for a few seconds each;
 # procps: ps, in a security test.
-APT_TEST_PACKAGES=(clang libclang-rt-14-dev procps)
+# clang-format: the format check (Debian's, version 14: another version
+# formats differently).
+APT_TEST_PACKAGES=(clang libclang-rt-14-dev procps clang-format)
 # Only for the benchmarks: Open MPI, the peer that run_allreduce.py measures
 # ronde's shared memory against.
 APT_BENCH_PACKAGES=(openmpi-bin libopenmpi-dev)
@@ -128,8 +139,10 @@ setup_example() {
 # Configures $BUILD once and builds the given targets (default: all of
 # them: the tests, the benchmarks and the Python package too).
 build() {
+  # Ninja: a program's units compile while the library they link is still
+  # being built (Make waits for the whole library first).
   if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    cmake -S "$ROOT" -B "$BUILD" -DRONDE_PYTHON="$VENV/bin/python" \
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DRONDE_PYTHON="$VENV/bin/python" \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
   if [ $# -gt 0 ]; then
@@ -170,7 +183,7 @@ sanitize() {
     (cd "$ROOT" && cmake --preset "$preset" -DRONDE_PYTHON="$VENV/bin/python")
   fi
   cmake --build "$dir" -j "$JOBS" --target ronde_unit_tests ronderun_test \
-    ronde_multirank_tests ronde_test_worker
+    ronderun_units_test ronde_multirank_tests ronde_test_worker
   # A report fails the test: the process exits non-zero (ASan/UBSan at
   # once, TSan at exit with every race it saw).
   export ASAN_OPTIONS="detect_leaks=1:strict_init_order=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
@@ -192,6 +205,84 @@ cuda_check() {
     --build-only "$@"
 }
 
+# The C++ files under version control, for clang-format (.clang-format).
+cxx_files() {
+  git -C "$ROOT" ls-files -- '*.cpp' '*.h' '*.cc' '*.hpp'
+}
+
+check_format() {
+  local bad
+  # --dry-run -Werror reports each line it would change, with the file.
+  if ! (cd "$ROOT" && cxx_files | xargs clang-format --dry-run -Werror \
+      --style=file 2> "$ROOT/build-format.log"); then
+    bad=$(grep -c 'error:' "$ROOT/build-format.log" || true)
+    head -40 "$ROOT/build-format.log" >&2
+    log "format: $bad lines differ from clang-format's; run scripts/dev.sh format"
+    rm -f "$ROOT/build-format.log"
+    return 1
+  fi
+  rm -f "$ROOT/build-format.log"
+  log "format: $(cxx_files | wc -l) files as clang-format writes them"
+}
+
+# The subject rule holds from the commit after this one on; older history
+# is as it was.
+COMMIT_RULE_BASE=a61605ca9a8af8b3ef4ee2db7dba70a0b7f86f64
+check_commits() {
+  local range=HEAD bad
+  # A shallow clone may lack the base: then every commit it has is checked.
+  if git -C "$ROOT" cat-file -e "$COMMIT_RULE_BASE^{commit}" 2>/dev/null; then
+    range=$COMMIT_RULE_BASE..HEAD
+  fi
+  bad=$(git -C "$ROOT" log --format='%h %s' "$range" |
+    awk '{ s = $0; sub(/^[^ ]+ /, "", s) } length(s) > 72')
+  if [ -n "$bad" ]; then
+    echo "$bad" >&2
+    log "commit subjects over 72 characters (above)"
+    return 1
+  fi
+  log "commit subjects: $(git -C "$ROOT" rev-list --count "$range") checked"
+}
+
+# The multirank tests the sanitizers run beside every unit test: the
+# shared-memory transport, the engine (buckets, hooks, autotune), sharding,
+# elastic recovery, join and the c10d backend, with two of the
+# optimizer-equivalence variants and two of the sharded ones.
+SANITIZER_MULTIRANK='^(SharedMemory|Collectives|DistributedOptimizer|Sharding|Elastic|Join|C10dBackend)\.|^Variants/OptimizerEquivalence\..*/adam_(bpps2|unused)_np2$|^Variants/ShardedEquivalence\..*/adam_(bpps2|unused)_np3$'
+
+# One stage of ci: its name, its time, and a stop at its failure.
+CI_TIMES=()
+ci_stage() {
+  local name=$1 start=$SECONDS
+  shift
+  log "ci: $name"
+  if ! "$@"; then
+    log "ci: FAILED: $name (after $((SECONDS - start)) s)"
+    exit 1
+  fi
+  CI_TIMES+=("$(printf '%6d s  %s' $((SECONDS - start)) "$name")")
+}
+
+ci_sanitize() {
+  sanitize "$1" -L unit && sanitize "$1" -R "$SANITIZER_MULTIRANK"
+}
+
+# Cheapest first, so that a failure is found soonest: the whole test
+# suite, the longest stage, comes last.
+ci() {
+  local start=$SECONDS
+  setup
+  ci_stage "commit subjects" check_commits
+  ci_stage "format" check_format
+  ci_stage "CUDA compile and link" cuda_check
+  ci_stage "build" build
+  ci_stage "AddressSanitizer+UBSan" ci_sanitize address
+  ci_stage "ThreadSanitizer" ci_sanitize thread
+  ci_stage "tests" run_tests
+  printf '%s\n' "${CI_TIMES[@]}" >&2
+  log "ci: passed in $((SECONDS - start)) s"
+}
+
 cmd=${1:-test}
 shift || true
 case "$cmd" in
@@ -203,5 +294,9 @@ case "$cmd" in
   sanitize) setup; sanitize "$@" ;;
   cuda) setup; cuda_check "$@" ;;
   fuzz) setup; "$ROOT/scripts/fuzz.sh" --python "$VENV/bin/python" "$@" ;;
-  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|fuzz|cuda|setup|build} [args...]" >&2; exit 2 ;;
+  format) setup_apt clang-format; cxx_files | (cd "$ROOT" && xargs clang-format -i --style=file) ;;
+  check-format) setup_apt clang-format; check_format ;;
+  check-commits) check_commits ;;
+  ci) ci ;;
+  *) echo "usage: scripts/dev.sh {example|test|bench|sanitize|fuzz|cuda|format|check-format|check-commits|ci|setup|build} [args...]" >&2; exit 2 ;;
 esac
