@@ -227,13 +227,16 @@ check_format() {
 
 # The subject rule holds from the commit after this one on; older history
 # is as it was.
-COMMIT_RULE_BASE=a61605ca9a8af8b3ef4ee2db7dba70a0b7f86f64
+COMMIT_RULE_BASE=a61605ca72f28850dbbed14dc43d44b3d129f2c1
 check_commits() {
   local range=HEAD bad
-  # A shallow clone may lack the base: then every commit it has is checked.
   if git -C "$ROOT" cat-file -e "$COMMIT_RULE_BASE^{commit}" 2>/dev/null; then
     range=$COMMIT_RULE_BASE..HEAD
+  elif [ "$(git -C "$ROOT" rev-parse --is-shallow-repository)" != true ]; then
+    log "check-commits: COMMIT_RULE_BASE $COMMIT_RULE_BASE is not in this history"
+    return 1
   fi
+  # (A shallow clone may lack the base: then every commit it has is checked.)
   bad=$(git -C "$ROOT" log --format='%h %s' "$range" |
     awk '{ s = $0; sub(/^[^ ]+ /, "", s) } length(s) > 72')
   if [ -n "$bad" ]; then
