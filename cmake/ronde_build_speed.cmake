@@ -70,12 +70,13 @@ function(ronde_program_pch)
   endforeach()
 endfunction()
 
-# libronde's units compiled a few at a time, each batch one unit: a unit
+# libronde's units (and the unit tests' and the test worker's) compiled a
+# few at a time, each batch one unit: a unit
 # that includes LibTorch costs seconds before its first line of its own
 # (loading the precompiled header, then emitting LibTorch's inline code
 # it uses), which a batch pays once. Off for quick rebuilds of one file
 # while working on it.
-option(RONDE_UNITY_BUILD "Compile libronde's units in batches" ON)
+option(RONDE_UNITY_BUILD "Compile units in batches (libronde, the tests)" ON)
 function(ronde_unity_build target)
   if(RONDE_UNITY_BUILD)
     set_target_properties(${target} PROPERTIES

@@ -23,13 +23,13 @@ namespace fs = std::filesystem;
 using ronde::detail::read_settings;
 using ronde::detail::Settings;
 
-Settings parse(const std::map<std::string, std::string>& vars) {
+Settings parse_settings(const std::map<std::string, std::string>& vars) {
   return read_settings(ronde::testing::fake_env(vars));
 }
 
-std::string error_of(const std::map<std::string, std::string>& vars) {
+std::string settings_error_of(const std::map<std::string, std::string>& vars) {
   try {
-    parse(vars);
+    parse_settings(vars);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
@@ -128,7 +128,7 @@ TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
 }
 
 TEST(Settings, DefaultsWhenNothingIsSet) {
-  const Settings s = parse({});
+  const Settings s = parse_settings({});
   EXPECT_FALSE(s.timeout_seconds);
   EXPECT_EQ(s.hostname, "");
   EXPECT_FALSE(s.gloo_deepbind);
@@ -138,11 +138,11 @@ TEST(Settings, DefaultsWhenNothingIsSet) {
   EXPECT_FALSE(s.log_all_ranks);
   EXPECT_FALSE(s.fusion_threshold_bytes);
   // Empty counts as unset.
-  EXPECT_FALSE(parse({{"RONDE_TIMEOUT_SECONDS", ""}}).timeout_seconds);
+  EXPECT_FALSE(parse_settings({{"RONDE_TIMEOUT_SECONDS", ""}}).timeout_seconds);
 }
 
 TEST(Settings, ValuesAreParsed) {
-  const Settings s = parse(
+  const Settings s = parse_settings(
       {{"RONDE_TIMEOUT_SECONDS", "2.5"},
        {"RONDE_HOSTNAME", "198.18.0.1"},
        {"RONDE_GLOO_DEEPBIND", "0"},
@@ -164,7 +164,7 @@ TEST(Settings, ValuesAreParsed) {
   EXPECT_FALSE(s.use_libuv);
   EXPECT_EQ(s.bucket_copy_whole, std::optional<bool>(false));
   EXPECT_EQ(s.autotune, std::optional<bool>(true));
-  EXPECT_FALSE(parse({}).autotune);
+  EXPECT_FALSE(parse_settings({}).autotune);
   EXPECT_TRUE(s.log_all_ranks);
   EXPECT_EQ(s.cuda_backend, "gloo");
   EXPECT_EQ(s.timeline, "/tmp/t.json");
@@ -172,20 +172,20 @@ TEST(Settings, ValuesAreParsed) {
 
 TEST(Settings, BadValuesNameTheVariable) {
   EXPECT_NE(
-      error_of({{"RONDE_TIMEOUT_SECONDS", "0"}})
+      settings_error_of({{"RONDE_TIMEOUT_SECONDS", "0"}})
           .find("RONDE_TIMEOUT_SECONDS='0' is not a positive number of "
                 "seconds"),
       std::string::npos);
   EXPECT_NE(
-      error_of({{"RONDE_BLOCKING_WAIT", "sometimes"}})
+      settings_error_of({{"RONDE_BLOCKING_WAIT", "sometimes"}})
           .find("RONDE_BLOCKING_WAIT='sometimes' is not a boolean"),
       std::string::npos);
   EXPECT_NE(
-      error_of({{"RONDE_CUDA_BACKEND", "mpi"}})
+      settings_error_of({{"RONDE_CUDA_BACKEND", "mpi"}})
           .find("RONDE_CUDA_BACKEND must be 'nccl' or 'gloo', not 'mpi'"),
       std::string::npos);
   EXPECT_NE(
-      error_of({{"RONDE_FUSION_THRESHOLD", "big"}})
+      settings_error_of({{"RONDE_FUSION_THRESHOLD", "big"}})
           .find("RONDE_FUSION_THRESHOLD='big' is not a positive number of "
                 "bytes"),
       std::string::npos);
@@ -196,7 +196,7 @@ TEST(Settings, BadValuesNameTheVariable) {
 namespace {
 
 TEST(Settings, SharedMemoryVariables) {
-  Settings d = parse({});
+  Settings d = parse_settings({});
   EXPECT_TRUE(d.shm);
   EXPECT_EQ(d.shm_tuning.dir, "/dev/shm");
   EXPECT_EQ(d.shm_tuning.chunk_bytes, 512u << 10);
@@ -205,7 +205,7 @@ TEST(Settings, SharedMemoryVariables) {
   EXPECT_EQ(d.shm_tuning.split_bytes_for(2), SIZE_MAX);
   EXPECT_EQ(d.shm_tuning.split_bytes_for(3), 1u << 20);
   EXPECT_EQ(d.shm_tuning.zero_copy_min_bytes, 4096u);
-  Settings s = parse(
+  Settings s = parse_settings(
       {{"RONDE_SHM", "0"},
        {"RONDE_SHM_DIR", "/run/shm"},
        {"RONDE_SHM_CHUNK_BYTES", "65536"},
@@ -218,54 +218,57 @@ TEST(Settings, SharedMemoryVariables) {
   EXPECT_EQ(s.shm_tuning.split_bytes_for(2), 0u);
   EXPECT_EQ(s.shm_tuning.zero_copy_min_bytes, 0u);
   EXPECT_NE(
-      error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}})
+      settings_error_of({{"RONDE_SHM_CHUNK_BYTES", "1024"}})
           .find("RONDE_SHM_CHUNK_BYTES='1024' is below the smallest chunk"),
       std::string::npos);
   for (const char* bad : {"-1", "1e6", "64K", "x"}) {
     EXPECT_NE(
-        error_of({{"RONDE_SHM_ZERO_COPY_BYTES", bad}})
+        settings_error_of({{"RONDE_SHM_ZERO_COPY_BYTES", bad}})
             .find("is not a whole number of bytes"),
         std::string::npos)
         << bad;
     EXPECT_NE(
-        error_of({{"RONDE_SHM_SPLIT_BYTES", bad}})
+        settings_error_of({{"RONDE_SHM_SPLIT_BYTES", bad}})
             .find("is not a whole number of bytes"),
         std::string::npos)
         << bad;
   }
   EXPECT_NE(
-      error_of({{"RONDE_SHM", "maybe"}}).find("RONDE_SHM='maybe'"),
+      settings_error_of({{"RONDE_SHM", "maybe"}}).find("RONDE_SHM='maybe'"),
       std::string::npos);
 }
 
 // RONDE_HELP_BYTES bounds the collectives a waiting thread runs itself.
 TEST(Settings, HelpBytes) {
-  EXPECT_FALSE(parse({}).help_bytes);
-  EXPECT_EQ(parse({{"RONDE_HELP_BYTES", "0"}}).help_bytes, size_t{0});
-  EXPECT_EQ(parse({{"RONDE_HELP_BYTES", "65536"}}).help_bytes, size_t{65536});
+  EXPECT_FALSE(parse_settings({}).help_bytes);
+  EXPECT_EQ(parse_settings({{"RONDE_HELP_BYTES", "0"}}).help_bytes, size_t{0});
+  EXPECT_EQ(
+      parse_settings({{"RONDE_HELP_BYTES", "65536"}}).help_bytes,
+      size_t{65536});
   EXPECT_NE(
-      error_of({{"RONDE_HELP_BYTES", "16K"}})
+      settings_error_of({{"RONDE_HELP_BYTES", "16K"}})
           .find("RONDE_HELP_BYTES='16K' is not a whole number of bytes"),
       std::string::npos);
 }
 
 TEST(Settings, AcrossHostsVariables) {
-  Settings d = parse({});
+  Settings d = parse_settings({});
   EXPECT_EQ(d.socket_ifname, "");
   EXPECT_FALSE(d.hierarchical);
   // RONDE_SOCKET_IFNAME wins over GLOO_SOCKET_IFNAME; each says its name.
-  Settings s = parse(
+  Settings s = parse_settings(
       {{"RONDE_SOCKET_IFNAME", "^docker,lo"},
        {"GLOO_SOCKET_IFNAME", "eth1"},
        {"RONDE_HIERARCHICAL", "0"}});
   EXPECT_EQ(s.socket_ifname, "^docker,lo");
   EXPECT_EQ(s.socket_ifname_variable, "RONDE_SOCKET_IFNAME");
   EXPECT_EQ(s.hierarchical, std::optional<bool>(false));
-  s = parse({{"GLOO_SOCKET_IFNAME", "eth1"}, {"RONDE_SOCKET_IFNAME", ""}});
+  s = parse_settings(
+      {{"GLOO_SOCKET_IFNAME", "eth1"}, {"RONDE_SOCKET_IFNAME", ""}});
   EXPECT_EQ(s.socket_ifname, "eth1");
   EXPECT_EQ(s.socket_ifname_variable, "GLOO_SOCKET_IFNAME");
   EXPECT_NE(
-      error_of({{"RONDE_HIERARCHICAL", "auto"}})
+      settings_error_of({{"RONDE_HIERARCHICAL", "auto"}})
           .find("RONDE_HIERARCHICAL='auto'"),
       std::string::npos);
 }
