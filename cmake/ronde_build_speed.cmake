@@ -49,7 +49,8 @@ endfunction()
 if(RONDE_PRECOMPILE_HEADERS)
   file(WRITE ${PROJECT_BINARY_DIR}/generated/ronde_program_pch.cpp
     "// The unit that compiles the programs' precompiled header.\n")
-  add_library(ronde_program_pch OBJECT
+  # Built only for a program that reuses it (a pip build has none).
+  add_library(ronde_program_pch OBJECT EXCLUDE_FROM_ALL
     ${PROJECT_BINARY_DIR}/generated/ronde_program_pch.cpp)
   target_link_libraries(ronde_program_pch PRIVATE ${TORCH_LIBRARIES})
   target_precompile_headers(ronde_program_pch PRIVATE <torch/torch.h>)
