@@ -213,17 +213,14 @@ cxx_files() {
 }
 
 check_format() {
-  local bad
-  # --dry-run -Werror reports each line it would change, with the file.
-  if ! (cd "$ROOT" && cxx_files | xargs clang-format --dry-run -Werror \
-      --style=file 2> "$ROOT/build-format.log"); then
-    bad=$(grep -c 'error:' "$ROOT/build-format.log" || true)
-    head -40 "$ROOT/build-format.log" >&2
-    log "format: clang-format would change $bad places (above); run scripts/dev.sh format"
-    rm -f "$ROOT/build-format.log"
+  local report
+  # --dry-run -Werror reports each place it would change, with the file.
+  if ! report=$(cd "$ROOT" && cxx_files |
+      xargs clang-format --dry-run -Werror --style=file 2>&1); then
+    echo "$report" | head -40 >&2
+    log "format: clang-format would change $(echo "$report" | grep -c 'error:') places (above); run scripts/dev.sh format"
     return 1
   fi
-  rm -f "$ROOT/build-format.log"
   log "format: $(cxx_files | wc -l) files as clang-format writes them"
 }
 
@@ -272,16 +269,20 @@ ci_sanitize() {
   sanitize "$1" -L unit && sanitize "$1" -R "$SANITIZER_MULTIRANK"
 }
 
+# CI starts with an empty cache, where ccache only costs: each miss is a
+# preprocessing pass and a store, about a third more per unit. A machine
+# that reruns CI keeps it with RONDE_CI_CCACHE=1.
+ci_ccache() {
+  if [ "${RONDE_CI_CCACHE:-0}" != 1 ]; then
+    export CCACHE_DISABLE=1
+  fi
+}
+
 # Cheapest first, so that a failure is found soonest: the whole test
 # suite, the longest stage, comes last.
 ci() {
   local start=$SECONDS
-  # CI starts with an empty cache, where ccache only costs: each miss is a
-  # preprocessing pass and a store, about a third more per unit. A machine
-  # that reruns CI keeps it with RONDE_CI_CCACHE=1.
-  if [ "${RONDE_CI_CCACHE:-0}" != 1 ]; then
-    export CCACHE_DISABLE=1
-  fi
+  ci_ccache
   setup
   ci_stage "commit subjects" check_commits
   ci_stage "format" check_format
@@ -300,9 +301,7 @@ ci() {
 # memory the engine or the transports share.
 ci_extra() {
   local start=$SECONDS
-  if [ "${RONDE_CI_CCACHE:-0}" != 1 ]; then
-    export CCACHE_DISABLE=1
-  fi
+  ci_ccache
   setup
   ci_stage "AddressSanitizer+UBSan" ci_sanitize address
   printf '%s\n' "${CI_TIMES[@]}" >&2
