@@ -46,10 +46,18 @@ def check(cond, what, outputs=None):
         raise Failure(what + dump)
 
 
+# This case's own directory for shared-memory segments (main makes it):
+# ctest runs the cases beside each other, and they share /dev/shm, so a
+# case that counts what its jobs left behind must not see another's.
+SHM_DIR = None
+
+
 def base_env(timeout=30):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(SCRUB_PREFIXES) and k not in SCRUB_NAMES}
     env["RONDE_TIMEOUT_SECONDS"] = str(timeout)
+    if SHM_DIR is not None:
+        env["RONDE_SHM_DIR"] = SHM_DIR
     return env
 
 
@@ -305,12 +313,9 @@ def case_loopback_refused(args, tag):
 
 
 def shm_segments():
-    # Jobs' segments only: the shared-memory unit tests' scratch files and
-    # directories (ronde_test_*, ronde_test.<pid>.*) come and go while
-    # ctest runs them beside this one.
+    """The segments this case's jobs have in SHM_DIR now."""
     try:
-        return {f for f in os.listdir("/dev/shm")
-                if f.startswith("ronde") and not f.startswith("ronde_test")}
+        return {f for f in os.listdir(SHM_DIR) if f.startswith("ronde")}
     except OSError:
         return set()
 
@@ -456,11 +461,15 @@ def main(cases=None, doc=__doc__):
     if probe.returncode != 0:
         print(f"SKIPPED: no simulated cluster here: {probe.stderr.strip()}")
         return SKIP
+    global SHM_DIR
+    SHM_DIR = tempfile.mkdtemp(prefix="ronde_cluster.", dir="/dev/shm")
     try:
         cases[args.case](args)
     except Failure as e:
         print(f"FAILED: {e}")
         return 1
+    finally:
+        shutil.rmtree(SHM_DIR, ignore_errors=True)
     print("PASSED")
     return 0
 
