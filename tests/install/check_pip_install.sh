@@ -3,9 +3,9 @@
 # source tree against PYTHON's torch (pip wheel --no-build-isolation, the
 # same build as pip install --no-build-isolation .), installed into a fresh
 # venv that has the same torch release and nothing of the build tree; then
-# the Python test suite against that installed copy (2-rank training runs
-# through the installed ronderun among them), and the message of an import
-# beside another torch.
+# the message of an import beside another torch, and the Python tests
+# marked `installed` against that copy (2-rank training runs through the
+# installed ronderun among them).
 # usage: check_pip_install.sh SOURCE_DIR PYTHON PIP_BUILD_DIR
 set -euo pipefail
 src=$1 python=$2 pip_build=$3
@@ -89,7 +89,12 @@ import ronde.torch' 2>&1) && { echo "an import beside torch 1.0.0 did not fail";
 echo "$out" | grep -q "ImportError: ronde.torch was built against torch $torch_version.*, but this Python has torch 1.0.0" ||
   { echo "unexpected message: $out"; exit 1; }
 
-log "the Python tests against the installed package"
+# The whole suite runs against the build tree (python.pytest); here the
+# tests marked `installed`: each native library (libronde, libronde_c10d,
+# the bindings), ronderun and torchrun, the Horovod names, elastic,
+# sharding and ronde.plot, from the installed copy.
+log "the Python tests marked 'installed' against the installed package"
 env -u PYTHONPATH -u RONDE_BUILD_DIR RONDE_TEST_INSTALLED=1 \
-  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$src/tests/python"
+  "$work/venv/bin/python" -m pytest -q -p no:cacheprovider --strict-markers \
+    -m installed "$src/tests/python"
 log "passed"

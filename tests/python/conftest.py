@@ -72,3 +72,11 @@ def _free_port():
 @pytest.fixture
 def ranks(tmp_path):
     return Ranks(tmp_path)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "installed: also run against the pip-installed package "
+        "(tests/install/check_pip_install.sh): one test per native library, "
+        "entry point and launcher, which the build tree's run covers in full")

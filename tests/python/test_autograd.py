@@ -28,6 +28,7 @@ def test_horovod_compression_grouped_collectives_and_internal_error(ranks):
         assert not failures, f"rank {r}:\n" + "\n".join(failures)
 
 
+@pytest.mark.installed
 def test_horovod_arithmetic_process_sets_sparse_and_optimizer(ranks):
     ranks.run("semantics", np=3, worker=HOROVOD_WORKER)
     for r in range(3):

@@ -20,6 +20,7 @@ def test_every_operation_against_a_local_reference(ranks, np):
         assert ranks.load("ops_ok", r) is True
 
 
+@pytest.mark.installed
 def test_ddp_zero_and_fsdp_equal_gloo(ranks):
     run(ranks, "ddp", timeout=400)
     got = ranks.load("ddp", 0)

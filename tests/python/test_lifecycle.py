@@ -25,7 +25,8 @@ def check_cycles(ranks, np_):
         assert max(took) < 15, f"rank {r}: init() took {took}"
 
 
-@pytest.mark.parametrize("launcher", ["ronderun", "torchrun"])
+@pytest.mark.parametrize("launcher", [
+    pytest.param("ronderun", marks=pytest.mark.installed), "torchrun"])
 def test_init_again_right_after_shutdown(ranks, launcher):
     ranks.run("reinit", "bare=1", np=2, launcher=launcher, worker=WORKER)
     check_cycles(ranks, 2)

@@ -169,6 +169,7 @@ def test_missing_and_empty_files(tmp_path, capsys):
     assert plot.main([empty]) == 2
 
 
+@pytest.mark.installed
 def test_command_line(files, tmp_path):
     out = str(tmp_path / "cli")
     env = dict(os.environ)

@@ -12,6 +12,10 @@ import ronde.torch as rt  # noqa: E402
 from common import make_model  # noqa: E402
 
 
+# In-process and quick: all of it runs against the pip-installed package.
+pytestmark = pytest.mark.installed
+
+
 @pytest.fixture(scope="module", autouse=True)
 def job():
     rt.init()
