@@ -1,5 +1,6 @@
 // Settings (runtime/settings.h): the parsing of every variable, and the
-// rule that keeps README.md true: the Settings table lists exactly the
+// rule that keeps the guide true: its Settings table
+// (docs/guide/settings.md) lists exactly the
 // variables the code reads, and no file outside the settings and the launch
 // environment reads the environment itself.
 #include "runtime/settings.h"
@@ -45,26 +46,27 @@ std::string read_file(const fs::path& p) {
 
 const fs::path kRoot = RONDE_SOURCE_DIR;
 
-// The first column of README.md's Settings table.
+const fs::path kSettingsPage = fs::path("docs") / "guide" / "settings.md";
+const fs::path kHostsPage = fs::path("docs") / "guide" / "hosts.md";
+
+// The first column of the Settings table (the page's one table whose rows
+// start with a variable).
 std::set<std::string> readme_settings() {
-  std::istringstream in(read_file(kRoot / "README.md"));
+  std::istringstream in(read_file(kRoot / kSettingsPage));
   std::set<std::string> names;
-  bool in_section = false;
   const std::regex row(R"(^\| `([A-Z0-9_]+)` \|)");
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("### ", 0) == 0)
-      in_section = line == "### Settings";
     std::smatch m;
-    if (in_section && std::regex_search(line, m, row))
+    if (std::regex_search(line, m, row))
       names.insert(m[1]);
   }
   return names;
 }
 
-// The variables README.md's "Launch variables" paragraph names.
+// The variables the "Launch variables" paragraph of the hosts page names.
 std::set<std::string> readme_launch_variables() {
-  const std::string text = read_file(kRoot / "README.md");
-  const auto start = text.find("Launch variables");
+  const std::string text = read_file(kRoot / kHostsPage);
+  const auto start = text.find("Launch variables, in order of precedence");
   const auto end = text.find("\n\n", start);
   EXPECT_NE(start, std::string::npos);
   const std::string para = text.substr(start, end - start);
@@ -82,9 +84,11 @@ TEST(Settings, ReadmeTableListsExactlyTheVariablesTheCodeReads) {
   EXPECT_EQ(in_code.size(), code.size()) << "a variable listed twice";
   const std::set<std::string> in_readme = readme_settings();
   for (const auto& v : in_code)
-    EXPECT_TRUE(in_readme.count(v)) << v << " is read but not in README.md";
+    EXPECT_TRUE(in_readme.count(v))
+        << v << " is read but not in " << kSettingsPage.string();
   for (const auto& v : in_readme)
-    EXPECT_TRUE(in_code.count(v)) << v << " is in README.md but never read";
+    EXPECT_TRUE(in_code.count(v))
+        << v << " is in " << kSettingsPage.string() << " but never read";
 }
 
 TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
@@ -112,7 +116,7 @@ TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
            ++t) {
         EXPECT_TRUE(known.count((*t)[1]))
             << rel << " names " << (*t)[1]
-            << ", which README.md documents neither as a setting nor as a "
+            << ", which the guide documents neither as a setting nor as a "
                "launch variable";
       }
     }

@@ -79,7 +79,7 @@ struct Settings {
 // variable and its value when one is malformed. Pure: unit tested.
 Settings read_settings(const EnvLookup& env);
 
-// The names read_settings() reads, in the order of README.md's Settings
+// The names read_settings() reads, in the order of the guide's Settings
 // table (a unit test holds the two to the same set).
 const std::vector<std::string>& setting_variables();
 
