@@ -49,8 +49,8 @@ struct Dataset : torch::data::datasets::Dataset<Dataset> {
   }
 };
 
-inline torch::Tensor loss_fn(const torch::Tensor& out,
-                             const torch::Tensor& target) {
+inline torch::Tensor loss_fn(
+    const torch::Tensor& out, const torch::Tensor& target) {
   return torch::nn::functional::cross_entropy(out, target);
 }
 
@@ -63,16 +63,8 @@ inline auto make_loader(Dataset d, ronde::DistributedSampler s, size_t b) {
   return torch::data::make_data_loader(
       d.map(torch::data::transforms::Stack<>()), std::move(s), b);
 }
-using Loader = decltype(make_loader(std::declval<Dataset>(),
-                                    std::declval<ronde::DistributedSampler>(),
-                                    1));
-
-// A step of training on the rows `indices` of a rank's shard.
-inline Batch load_batch(Dataset& dataset, const std::vector<size_t>& indices) {
-  auto examples = dataset.get_batch(indices);
-  return {torch::stack(torch::fmap(examples, [](const auto& e) { return e.data; })),
-          torch::stack(torch::fmap(examples, [](const auto& e) { return e.target; }))};
-}
+using Loader = decltype(make_loader(
+    std::declval<Dataset>(), std::declval<ronde::DistributedSampler>(), 1));
 
 }  // namespace ronde_snippets
 
@@ -85,11 +77,11 @@ using namespace ronde_snippets;  // NOLINT: the fragments' names
 // my_shard_of_the_data: this rank's batches; batch: samples per step;
 // step, epoch: counters; epochs, total_steps: the run's length; t, x, y:
 // tensors (a tensor to reduce, inputs, targets).
-#define RONDE_SNIPPET_PARAMETERS                                              \
-  Net &model, std::shared_ptr<torch::optim::SGD> base,                       \
-      ronde::DistributedOptimizer &opt, ronde::WarmupScheduler &sched,       \
-      ronde::GradScaler &scaler, ronde::DistributedSampler &sampler,         \
-      Dataset &dataset, Loader &loader,                                      \
-      std::vector<Batch> &my_shard_of_the_data, size_t batch, int64_t &step, \
-      int64_t &epoch, int64_t epochs, int64_t total_steps, torch::Tensor t,  \
+#define RONDE_SNIPPET_PARAMETERS                                            \
+  Net &model, std::shared_ptr<torch::optim::SGD> base,                      \
+      ronde::DistributedOptimizer &opt, ronde::WarmupScheduler &sched,      \
+      ronde::GradScaler &scaler, ronde::DistributedSampler &sampler,        \
+      Dataset &dataset, Loader &loader,                                     \
+      std::vector<Batch>&my_shard_of_the_data, size_t batch, int64_t &step, \
+      int64_t &epoch, int64_t epochs, int64_t total_steps, torch::Tensor t, \
       torch::Tensor x, torch::Tensor y
