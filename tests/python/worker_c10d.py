@@ -153,12 +153,30 @@ def check_more(c, n):
         c.eq("allgather_into_tensor_coalesced 0", outs[0], torch.cat(xs))
         c.eq("allgather_into_tensor_coalesced 1", outs[1],
              torch.cat([x[:3] + 1 for x in xs]))
+        # c10d's layout: lists[r][i] receives rank r's input i (inputs of
+        # one size too, which a transposed layout would fill silently).
+        for second in (lambda x: x[:3] + 1, lambda x: x * 10):
+            lists = [[torch.zeros(6), torch.zeros_like(second(xs[0]))]
+                     for _ in range(n)]
+            dist.all_gather_coalesced(lists, [xs[me], second(xs[me])])
+            for r in range(n):
+                c.eq(f"all_gather_coalesced rank {r} input 0", lists[r][0], xs[r])
+                c.eq(f"all_gather_coalesced rank {r} input 1", lists[r][1],
+                     second(xs[r]))
         outs = [torch.zeros(2), torch.zeros(1)]
         ins = [torch.cat([xs[me][:2]] * n), torch.ones(n)]
         pg.reduce_scatter_tensor_coalesced(outs, ins).wait()
         c.eq("reduce_scatter_tensor_coalesced 0", outs[0],
              sum(x[:2] for x in xs))
         c.eq("reduce_scatter_tensor_coalesced 1", outs[1], torch.full((1,), float(n)))
+    # An output smaller than a rank's input is an error on every rank (it
+    # was filled with the wrong elements), and the group goes on.
+    try:
+        dist.all_gather([torch.zeros(4) for _ in range(n)], xs[me])
+        c.failures.append("all_gather into outputs of 4 for inputs of 6 passed")
+    except RuntimeError as e:
+        if "each output holds one rank's input" not in str(e):
+            c.failures.append(f"all_gather into small outputs: {e}")
     # Past the check's frames: reduce_scatter_tensor into its output (the
     # in-place form too, the output inside the input) and
     # all_gather_into_tensor from the rank's own block of the output.

@@ -191,6 +191,7 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather(
       outs,
       [&] {
         check_same_count(outs, size_, "allgather");
+        check_outputs_match(outs, one(inputs, "allgather"), "allgather");
         *handle = ronde::detail::allgather_call(
             row(one(inputs, "allgather")),
             CollectiveOptions().process_set(set_),
@@ -228,11 +229,14 @@ c10::intrusive_ptr<::c10d::Work> Backend::_allgather_base(
       [output, handle] { copy_into(output, handle->result()); });
 }
 
+// c10d's layout: outputs[r][i] receives rank r's inputs[i].
 c10::intrusive_ptr<::c10d::Work> Backend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs,
     std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& /*opts*/) {
   auto handles = std::make_shared<std::vector<Handle>>();
+  // by_input[i]: every rank's inputs[i], in rank order.
+  auto by_input = std::make_shared<std::vector<std::vector<at::Tensor>>>();
   std::vector<at::Tensor> all;
   for (const auto& list : outputs)
     all.insert(all.end(), list.begin(), list.end());
@@ -242,22 +246,36 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather_coalesced(
       all,
       [&] {
         TORCH_CHECK(
-            outputs.size() == inputs.size(),
-            "ronde: allgather_coalesced: ",
-            outputs.size(),
-            " output lists for ",
-            inputs.size(),
-            " inputs");
+            static_cast<int>(outputs.size()) == size_,
+            "ronde: allgather_coalesced needs one output list per rank of "
+            "the group (",
+            size_,
+            "), got ",
+            outputs.size());
+        by_input->assign(inputs.size(), {});
+        for (size_t r = 0; r < outputs.size(); ++r) {
+          TORCH_CHECK(
+              outputs[r].size() == inputs.size(),
+              "ronde: allgather_coalesced: output list ",
+              r,
+              " holds ",
+              outputs[r].size(),
+              " tensors for ",
+              inputs.size(),
+              " inputs");
+          for (size_t i = 0; i < inputs.size(); ++i)
+            (*by_input)[i].push_back(outputs[r][i]);
+        }
         for (size_t i = 0; i < inputs.size(); ++i) {
-          check_same_count(outputs[i], size_, "allgather_coalesced");
+          check_outputs_match((*by_input)[i], inputs[i], "allgather_coalesced");
           handles->push_back(ronde::detail::allgather_call(
               row(inputs[i]), CollectiveOptions().process_set(set_), false));
         }
         return *handles;
       },
-      [outputs, handles] {
-        for (size_t i = 0; i < outputs.size(); ++i)
-          scatter_into(outputs[i], (*handles)[i].result());
+      [by_input, handles] {
+        for (size_t i = 0; i < by_input->size(); ++i)
+          scatter_into((*by_input)[i], (*handles)[i].result());
       });
 }
 

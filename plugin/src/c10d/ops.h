@@ -80,7 +80,8 @@ inline void copy_into(const at::Tensor& to, const at::Tensor& from) {
   to.copy_(from.reshape(to.sizes()));
 }
 
-// Copies the consecutive pieces of the flat `from` into `outputs`.
+// Copies the consecutive pieces of the flat `from` into `outputs`, which
+// hold exactly its elements.
 inline void scatter_into(
     const std::vector<at::Tensor>& outputs, const at::Tensor& from) {
   const at::Tensor flat = from.reshape({-1});
@@ -91,6 +92,37 @@ inline void scatter_into(
         "ronde: the outputs hold more elements than the collective gave");
     copy_into(out, flat.narrow(0, offset, out.numel()));
     offset += out.numel();
+  }
+  TORCH_CHECK(
+      offset == flat.numel(),
+      "ronde: the outputs hold ",
+      offset,
+      " elements, the collective gave ",
+      flat.numel());
+}
+
+// Every output of a gather holds one rank's input: as many elements, of
+// its type. Checked before the collective, so that a misshapen output is
+// an error, not a copy of the wrong elements.
+inline void check_outputs_match(
+    const std::vector<at::Tensor>& outputs,
+    const at::Tensor& input,
+    const char* what) {
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK(
+        outputs[r].numel() == input.numel() &&
+            outputs[r].scalar_type() == input.scalar_type(),
+        "ronde: ",
+        what,
+        ": output ",
+        r,
+        " is ",
+        outputs[r].scalar_type(),
+        outputs[r].sizes(),
+        ", the input ",
+        input.scalar_type(),
+        input.sizes(),
+        " (each output holds one rank's input)");
   }
 }
 

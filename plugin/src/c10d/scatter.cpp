@@ -37,8 +37,10 @@ c10::intrusive_ptr<::c10d::Work> Backend::gather(
             " is outside [0, ",
             size_,
             ")");
-        if (root)
+        if (root) {
           check_same_count(outs, size_, "gather (on the root)");
+          check_outputs_match(outs, one(inputs, "gather"), "gather");
+        }
         *handle = ronde::detail::allgather_call(
             row(one(inputs, "gather")),
             CollectiveOptions().process_set(set_),
