@@ -247,6 +247,23 @@ def ops(out):
             check_ops(c, g, members, async_op=True)
     assert isinstance(g_lo._get_backend(torch.device("cpu")) if me in lo else
                       None, (rt._C.C10dBackend, type(None)))
+    # Sequence numbers, as gloo keeps them: one more per operation a member
+    # starts on the group, the same on every member. (torch's ProcessGroup
+    # asks only gloo's, NCCL's, XCCL's and UCC's backends for them; ours
+    # answers where it is asked, as through the backend here.)
+    if me in lo:
+        backend = g_lo._get_backend(torch.device("cpu"))
+        backend._set_sequence_number_for_group()
+        seq = backend._get_sequence_number_for_group()
+        dist.all_reduce(torch.ones(2), group=g_lo)
+        dist.barrier(group=g_lo)
+        got = backend._get_sequence_number_for_group()
+        if got != seq + 2:
+            c.failures.append(f"sequence number {seq} then {got}, not {seq + 2}")
+        seqs = [None] * len(lo)
+        dist.all_gather_object(seqs, got, group=g_lo)
+        if seqs != [got] * len(lo):
+            c.failures.append(f"sequence numbers differ between ranks: {seqs}")
     c.done()
     save(out, "ops_ok", True)
     dist.destroy_process_group()

@@ -28,7 +28,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -144,6 +146,13 @@ class Backend : public ::c10d::Backend {
   void setTimeout(std::chrono::milliseconds timeout) override {
     timeout_ = timeout;
   }
+  // c10d's sequence numbers, kept as gloo keeps them: 0 when the group is
+  // made, one more for each operation this rank starts on it, so that
+  // ranks out of step show different numbers.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_.load();
+  }
 
  private:
   ProcessSet set_;
@@ -151,6 +160,7 @@ class Backend : public ::c10d::Backend {
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<ronde::detail::PointToPoint> p2p_;  // send and recv
+  std::atomic<uint64_t> seq_{0};  // operations started, for c10d
 };
 
 // A ProcessGroup whose CPU collectives run on a ronde Backend made from

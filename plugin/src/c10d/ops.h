@@ -13,6 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -168,10 +170,11 @@ inline at::Tensor scatter_into_output(
   return at::Tensor();
 }
 
-// Runs one operation: `start` submits its collectives; `finish` copies
-// their results into torch's outputs once they are done.
+// Runs one operation, counted in `seq`: `start` submits its collectives;
+// `finish` copies their results into torch's outputs once they are done.
 template <class Start>
 c10::intrusive_ptr<::c10d::Work> launch(
+    std::atomic<uint64_t>& seq,
     int rank,
     const std::string& group,
     ::c10d::OpType type,
@@ -179,6 +182,7 @@ c10::intrusive_ptr<::c10d::Work> launch(
     std::vector<at::Tensor> outputs,
     Start start,
     std::function<void()> finish = {}) {
+  seq.fetch_add(1);
   std::string what = std::string(op) + " on rank " + std::to_string(rank);
   if (group != "0")
     what += " of process group '" + group + "'";
@@ -200,4 +204,4 @@ c10::intrusive_ptr<::c10d::Work> launch(
 
 // In a member function of ronde::c10d::Backend: launch() for this group.
 #define RONDE_LAUNCH(type, op, outputs, ...) \
-  launch(rank_, name_, ::c10d::OpType::type, op, outputs, __VA_ARGS__)
+  launch(seq_, rank_, name_, ::c10d::OpType::type, op, outputs, __VA_ARGS__)
