@@ -169,6 +169,17 @@ def check_more(c, n):
         c.eq("reduce_scatter_tensor_coalesced 0", outs[0],
              sum(x[:2] for x in xs))
         c.eq("reduce_scatter_tensor_coalesced 1", outs[1], torch.full((1,), float(n)))
+    # bool, reduced as gloo reduces it: a logical or for SUM, MAX and BOR,
+    # a logical and for PRODUCT, MIN and BAND.
+    bits = [torch.tensor([k % 2 == 0, True, False, k == 0]) for k in range(n)]
+    R = dist.ReduceOp
+    for op, fold in ((R.SUM, any), (R.MAX, any), (R.BOR, any),
+                     (R.PRODUCT, all), (R.MIN, all), (R.BAND, all)):
+        for async_op in (False, True):
+            t = bits[me].clone()
+            wait(dist.all_reduce(t, op=op, async_op=async_op), async_op)
+            want = torch.tensor([fold(b[i].item() for b in bits) for i in range(4)])
+            c.eq(f"all_reduce bool {op} async={async_op}", t, want)
     # An output smaller than a rank's input is an error on every rank (it
     # was filled with the wrong elements), and the group goes on.
     try:

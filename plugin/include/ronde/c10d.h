@@ -155,6 +155,10 @@ class Backend : public ::c10d::Backend {
   }
 
  private:
+  // allreduce() of a bool tensor.
+  c10::intrusive_ptr<::c10d::Work> allreduce_bool(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts);
+
   ProcessSet set_;
   std::vector<int> global_ranks_;  // by group rank
   std::string name_;

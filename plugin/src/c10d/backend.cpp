@@ -110,6 +110,8 @@ c10::intrusive_ptr<::c10d::Work> Backend::broadcast(
 
 c10::intrusive_ptr<::c10d::Work> Backend::allreduce(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].scalar_type() == at::kBool)
+    return allreduce_bool(tensors, opts);
   return RONDE_LAUNCH(ALLREDUCE, "allreduce", tensors, [&] {
     const at::Tensor t = one(tensors, "allreduce");
     double pre = 1.0;
@@ -120,6 +122,41 @@ c10::intrusive_ptr<::c10d::Work> Backend::allreduce(
         true,
         !opts.asyncOp)};
   });
+}
+
+// A bool all-reduce, as gloo's: SUM, MAX and BOR are a logical or; PRODUCT,
+// MIN and BAND a logical and. ronde reduces bytes, 0 or 1, with max or min.
+c10::intrusive_ptr<::c10d::Work> Backend::allreduce_bool(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  auto bytes = std::make_shared<at::Tensor>();
+  const at::Tensor t = tensors[0];
+  return RONDE_LAUNCH(
+      ALLREDUCE,
+      "allreduce",
+      tensors,
+      [&] {
+        const auto op = opts.reduceOp.op_;
+        const bool any = op == ::c10d::ReduceOp::SUM ||
+                         op == ::c10d::ReduceOp::MAX ||
+                         op == ::c10d::ReduceOp::BOR;
+        const bool all = op == ::c10d::ReduceOp::PRODUCT ||
+                         op == ::c10d::ReduceOp::MIN ||
+                         op == ::c10d::ReduceOp::BAND;
+        TORCH_CHECK(
+            any || all,
+            "ronde: allreduce of a bool tensor takes SUM, MAX or BOR (or), "
+            "PRODUCT, MIN or BAND (and), not ReduceOp ",
+            static_cast<int>(op));
+        *bytes = t.to(at::kByte).contiguous();
+        return std::vector<Handle>{ronde::detail::allreduce_call(
+            *bytes,
+            AllreduceOptions()
+                .op(any ? ReduceOp::Max : ReduceOp::Min)
+                .process_set(set_),
+            true,
+            !opts.asyncOp)};
+      },
+      [t, bytes] { t.copy_(bytes->ne(0)); });
 }
 
 c10::intrusive_ptr<::c10d::Work> Backend::allreduce_coalesced(
