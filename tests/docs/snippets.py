@@ -96,9 +96,8 @@ def write_cpp(out_dir, root=ROOT):
              "// return 0 by itself.",
              '#pragma GCC diagnostic ignored "-Wreturn-type"', ""]
     programs = []
-    for b in blocks(root):
-        if b.lang != "cpp":
-            continue
+    cpp = [b for b in blocks(root) if b.lang == "cpp"]
+    for b in cpp:
         name = "snippet_" + _ident(b)
         if "fragment" in b.tags:
             parts += [f"namespace {name} {{",
@@ -117,7 +116,7 @@ def write_cpp(out_dir, root=ROOT):
     for i, b in enumerate(programs):
         with open(os.path.join(out_dir, f"program_{i}.cpp"), "w") as f:
             f.write(f"// {b.where()}\n#line {b.line} \"{b.path}\"\n{b.code}\n")
-    return programs
+    return cpp, programs
 
 
 def check_python(root=ROOT):
@@ -142,9 +141,8 @@ def main():
     sub.add_parser("list")
     args = ap.parse_args()
     if args.cmd == "cpp":
-        programs = write_cpp(args.out_dir, args.root)
-        n = sum(1 for b in blocks(args.root) if b.lang == "cpp")
-        print(f"{n} C++ blocks, {len(programs)} of them programs, "
+        cpp, programs = write_cpp(args.out_dir, args.root)
+        print(f"{len(cpp)} C++ blocks, {len(programs)} of them programs, "
               f"in {args.out_dir}")
         return 0
     if args.cmd == "python":

@@ -3,12 +3,11 @@ snippets.py): every block compiles, and each `python run` block runs on 2
 ranks under ronderun and exits 0 on both. A failure names the block's file
 and line."""
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import RONDERUN, ROOT, _env
+from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "docs"))
 import snippets  # noqa: E402
@@ -23,13 +22,13 @@ def test_every_python_block_compiles():
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if "run" in b.tags],
                          ids=lambda b: b.where())
-def test_block_runs_on_two_ranks(block, tmp_path):
+def test_block_runs_on_two_ranks(block, ranks, tmp_path):
     script = tmp_path / "snippet.py"
     # Line numbers in a traceback are the document's.
     script.write_text("\n" * (block.line - 1) + block.code + "\n")
-    cmd = [RONDERUN, "-np", "2", "--", sys.executable, str(script)]
-    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
-                       timeout=240, cwd=tmp_path)
-    assert p.returncode == 0, (
-        f"the block at {block.where()} failed on 2 ranks (its line numbers "
-        f"are the document's):\n{p.stdout}\n{p.stderr}")
+    try:
+        ranks.run(block.where(), worker=str(script))
+    except AssertionError as e:
+        raise AssertionError(
+            f"the block at {block.where()} failed on 2 ranks (its line "
+            f"numbers are the document's):\n{e}") from None

@@ -51,7 +51,7 @@ const fs::path kHostsPage = fs::path("docs") / "guide" / "hosts.md";
 
 // The first column of the Settings table (the page's one table whose rows
 // start with a variable).
-std::set<std::string> readme_settings() {
+std::set<std::string> guide_settings() {
   std::istringstream in(read_file(kRoot / kSettingsPage));
   std::set<std::string> names;
   const std::regex row(R"(^\| `([A-Z0-9_]+)` \|)");
@@ -64,7 +64,7 @@ std::set<std::string> readme_settings() {
 }
 
 // The variables the "Launch variables" paragraph of the hosts page names.
-std::set<std::string> readme_launch_variables() {
+std::set<std::string> guide_launch_variables() {
   const std::string text = read_file(kRoot / kHostsPage);
   const auto start = text.find("Launch variables, in order of precedence");
   const auto end = text.find("\n\n", start);
@@ -78,15 +78,15 @@ std::set<std::string> readme_launch_variables() {
   return names;
 }
 
-TEST(Settings, ReadmeTableListsExactlyTheVariablesTheCodeReads) {
+TEST(Settings, SettingsTableListsExactlyTheVariablesTheCodeReads) {
   const auto& code = ronde::detail::setting_variables();
   const std::set<std::string> in_code(code.begin(), code.end());
   EXPECT_EQ(in_code.size(), code.size()) << "a variable listed twice";
-  const std::set<std::string> in_readme = readme_settings();
+  const std::set<std::string> in_guide = guide_settings();
   for (const auto& v : in_code)
-    EXPECT_TRUE(in_readme.count(v))
+    EXPECT_TRUE(in_guide.count(v))
         << v << " is read but not in " << kSettingsPage.string();
-  for (const auto& v : in_readme)
+  for (const auto& v : in_guide)
     EXPECT_TRUE(in_code.count(v))
         << v << " is in " << kSettingsPage.string() << " but never read";
 }
@@ -94,7 +94,7 @@ TEST(Settings, ReadmeTableListsExactlyTheVariablesTheCodeReads) {
 TEST(Settings, EveryVariableInTheSourcesIsDocumented) {
   const auto& code = ronde::detail::setting_variables();
   std::set<std::string> known(code.begin(), code.end());
-  for (const auto& v : readme_launch_variables())
+  for (const auto& v : guide_launch_variables())
     known.insert(v);
   // A RONDE_ name inside a string literal is a variable read or named to
   // the user; macros and identifiers are not in quotes.

@@ -227,12 +227,11 @@ c10::intrusive_ptr<::c10d::Work> Backend::allgather(
       "allgather",
       outs,
       [&] {
+        const at::Tensor input = one(inputs, "allgather");
         check_same_count(outs, size_, "allgather");
-        check_outputs_match(outs, one(inputs, "allgather"), "allgather");
+        check_outputs_match(outs, input, "allgather");
         *handle = ronde::detail::allgather_call(
-            row(one(inputs, "allgather")),
-            CollectiveOptions().process_set(set_),
-            !opts.asyncOp);
+            row(input), CollectiveOptions().process_set(set_), !opts.asyncOp);
         return std::vector<Handle>{*handle};
       },
       [outs, handle] { scatter_into(outs, handle->result()); });

@@ -37,14 +37,13 @@ c10::intrusive_ptr<::c10d::Work> Backend::gather(
             " is outside [0, ",
             size_,
             ")");
+        const at::Tensor input = one(inputs, "gather");
         if (root) {
           check_same_count(outs, size_, "gather (on the root)");
-          check_outputs_match(outs, one(inputs, "gather"), "gather");
+          check_outputs_match(outs, input, "gather");
         }
         *handle = ronde::detail::allgather_call(
-            row(one(inputs, "gather")),
-            CollectiveOptions().process_set(set_),
-            !opts.asyncOp);
+            row(input), CollectiveOptions().process_set(set_), !opts.asyncOp);
         return std::vector<Handle>{*handle};
       },
       [outs, handle, root] {
