@@ -55,12 +55,13 @@ TEST(ShmTransport, SegmentsArePrivateRandomAndGoneOnceConnected) {
   const int n = 3;
   job.start(n, [&](int r) {
     shm::Rendezvous rv = file_rendezvous(job.rv_dir);
-    // While ranks agree that every segment is mapped, every name exists.
-    auto get = rv.get;
-    bool looked = false;
-    rv.get = [&, get](const std::string& k) {
-      if (r == 0 && !looked && k.rfind("mapped/", 0) == 0) {
-        looked = true;
+    // Between "made" and "mapped" every name exists: rank 0 looks just
+    // before it posts its own "mapped" record, which no rank can unlink its
+    // segment without. (Looking after it, at its first read of "mapped",
+    // raced with the others' unlink: a name listed, then gone for stat.)
+    auto set = rv.set;
+    rv.set = [&, set](const std::string& k, const std::string& v) {
+      if (r == 0 && k == "mapped/0") {
         std::string seen;
         for (const auto& e : entries(job.shm_dir)) {
           struct stat st {};
@@ -71,7 +72,7 @@ TEST(ShmTransport, SegmentsArePrivateRandomAndGoneOnceConnected) {
         }
         job.write("seen", seen);
       }
-      return get(k);
+      set(k, v);
     };
     auto t = shm::Transport::connect(job.options(r, n), rv);
     t->barrier();
